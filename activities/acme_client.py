@@ -1,0 +1,260 @@
+"""The ACME account and clients, and the translation of CA failures into typed errors.
+
+certbot's ``acme`` library is blocking and its clients are not thread-safe, so
+each activity call borrows a client of its own from :class:`AcmeClients` and
+runs the blocking calls in a thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import email.utils
+import logging
+import queue
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterator
+from contextlib import contextmanager
+
+import asyncpg
+import josepy as jose
+import requests
+from acme import client as acme_client
+from acme import errors as acme_errors
+from acme import messages
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from certflow.crypto import EncryptionKey
+from certflow.errors import AcmeProblemError, ErrorCode
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "certflow"
+DEFAULT_RATE_LIMIT_SECONDS = 3600.0
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date).
+
+    A past date means 0; absent or unparseable gives None.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    now = now or datetime.now(timezone.utc)
+    return max(0.0, (when - now).total_seconds())
+
+
+class HttpStatusError(acme_errors.ClientError):
+    """An error response from the CA without an RFC 7807 problem document."""
+
+    def __init__(self, status: int, retry_after: str | None, body: str) -> None:
+        super().__init__(f"HTTP {status} from the CA: {body[:200]}")
+        self.http_status = status
+        self.retry_after = retry_after
+
+
+class AcmeNetwork(acme_client.ClientNetwork):
+    """Keeps the HTTP status and Retry-After that ``messages.Error`` drops."""
+
+    @classmethod
+    def _check_response(
+        cls, response: requests.Response, content_type: str | None = None
+    ) -> requests.Response:
+        try:
+            return super()._check_response(response, content_type=content_type)
+        except messages.Error as err:
+            err.http_status = response.status_code  # type: ignore[attr-defined]
+            err.retry_after = response.headers.get("Retry-After")  # type: ignore[attr-defined]
+            raise
+        except acme_errors.ConflictError:
+            raise
+        except acme_errors.ClientError:
+            if not response.ok:
+                raise HttpStatusError(
+                    response.status_code, response.headers.get("Retry-After"), response.text
+                ) from None
+            raise
+
+
+def _problem_suffix(problem_type: str) -> str:
+    return problem_type.rsplit(":", 1)[-1].lower() if problem_type else ""
+
+
+def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
+    """Translate whatever a CA call raised into the typed error (SPEC §4 order:
+    rate limit first, then invalid order, then temporary)."""
+    if isinstance(exc, AcmeProblemError):
+        return exc
+    problem_type = ""
+    detail = str(exc)
+    status: int | None = None
+    retry_after_header: str | None = None
+    subproblems: list[dict[str, Any]] = []
+    if isinstance(exc, messages.Error):
+        problem_type = exc.typ or ""
+        detail = exc.detail or exc.description or problem_type
+        status = getattr(exc, "http_status", None)
+        retry_after_header = getattr(exc, "retry_after", None)
+        subproblems = [
+            {
+                "type": sp.typ,
+                "detail": sp.detail,
+                "identifier": sp.identifier.value if sp.identifier else None,
+            }
+            for sp in (exc.subproblems or ())
+        ]
+    elif isinstance(exc, HttpStatusError):
+        status = exc.http_status
+        retry_after_header = exc.retry_after
+    elif isinstance(exc, requests.RequestException):
+        detail = f"cannot reach the CA: {type(exc).__name__}: {exc}"
+
+    retry_after = parse_retry_after(retry_after_header)
+    suffix = _problem_suffix(problem_type)
+    if suffix == "ratelimited" or status == 429 or (status == 503 and retry_after is not None):
+        code = ErrorCode.ACME_RATE_LIMITED
+        message = f"the CA is rate-limiting: {detail}"
+    elif status == 401 or suffix == "unauthorized":
+        code = ErrorCode.ACME_INVALID_ORDER
+        message = f"the CA refused the order: {detail}"
+    else:
+        code = ErrorCode.ACME_TEMPORARY
+        message = f"CA request failed: {detail}"
+    return AcmeProblemError(
+        code=code,
+        message=message,
+        problem_type=problem_type,
+        detail=detail,
+        http_status=status,
+        retry_after_seconds=retry_after,
+        subproblems=subproblems,
+    )
+
+
+@dataclass(frozen=True)
+class AcmeAccount:
+    """The registered account every client of this process signs with."""
+
+    directory_url: str
+    account_url: str
+    key: jose.JWKEC
+    directory_json: dict[str, Any]
+    verify: str | bool
+
+
+def _account_network(key: jose.JWKEC, verify: str | bool) -> AcmeNetwork:
+    return AcmeNetwork(key, alg=jose.ES256, verify_ssl=verify, user_agent=USER_AGENT)  # type: ignore[arg-type]
+
+
+def _register(
+    directory_url: str, key: jose.JWKEC, email: str | None, verify: str | bool
+) -> tuple[str, dict[str, Any]]:
+    """Register the key (or find its existing account); returns URL and directory JSON."""
+    net = _account_network(key, verify)
+    directory_json = net.get(directory_url).json()
+    client = acme_client.ClientV2(messages.Directory.from_json(copy.deepcopy(directory_json)), net)
+    registration = messages.NewRegistration.from_data(
+        email=email, terms_of_service_agreed=True
+    )
+    try:
+        regr = client.new_account(registration)
+        return str(regr.uri), directory_json
+    except acme_errors.ConflictError as conflict:
+        return str(conflict.location), directory_json
+
+
+async def ensure_account(
+    pool: asyncpg.Pool,
+    directory_url: str,
+    email: str | None,
+    encryption_key: EncryptionKey,
+    verify: str | bool,
+) -> AcmeAccount:
+    """Load this directory's account key (generating and storing it, encrypted, the
+    first time) and make sure the CA knows it. Safe when workers start together."""
+    import asyncio
+
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", directory_url)
+            row = await conn.fetchrow(
+                "SELECT account_url, encrypted_account_key FROM acme_accounts"
+                " WHERE directory_url = $1",
+                directory_url,
+            )
+            if row is not None:
+                pem = encryption_key.decrypt(bytes(row["encrypted_account_key"]))
+                private = serialization.load_pem_private_key(pem, password=None)
+            else:
+                private = ec.generate_private_key(ec.SECP256R1())
+                pem = private.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            key = jose.JWKEC(key=private)
+            # Registering an existing key only returns its URL, so this also
+            # re-registers after the CA lost the account (a restarted Pebble).
+            account_url, directory_json = await asyncio.to_thread(
+                _register, directory_url, key, email, verify
+            )
+            if row is None or row["account_url"] != account_url:
+                await conn.execute(
+                    """INSERT INTO acme_accounts (directory_url, account_url, encrypted_account_key)
+                       VALUES ($1, $2, $3)
+                       ON CONFLICT (directory_url) DO UPDATE SET account_url = EXCLUDED.account_url""",
+                    directory_url,
+                    account_url,
+                    encryption_key.encrypt(pem),
+                )
+    log.info("ACME account ready", extra={"account_url": account_url})
+    return AcmeAccount(directory_url, account_url, key, directory_json, verify)
+
+
+class AcmeClients:
+    """A pool of ready clients for one account; each borrower has one to itself."""
+
+    def __init__(self, account: AcmeAccount) -> None:
+        self.account = account
+        self._idle: queue.SimpleQueue[acme_client.ClientV2] = queue.SimpleQueue()
+
+    def _new_client(self) -> acme_client.ClientV2:
+        net = _account_network(self.account.key, self.account.verify)
+        net.account = messages.RegistrationResource(
+            body=messages.Registration(), uri=self.account.account_url
+        )
+        directory = messages.Directory.from_json(copy.deepcopy(self.account.directory_json))
+        return acme_client.ClientV2(directory, net)
+
+    @contextmanager
+    def borrow(self) -> Iterator[acme_client.ClientV2]:
+        try:
+            client = self._idle.get_nowait()
+        except queue.Empty:
+            client = self._new_client()
+        try:
+            yield client
+        except BaseException:
+            # A failed exchange may leave stale nonces or a broken session behind.
+            client.net.session.close()
+            raise
+        else:
+            self._idle.put(client)
+
+    @property
+    def new_nonce_url(self) -> str:
+        return str(self.account.directory_json["newNonce"])
+
+    def key_authorization(self, token: str) -> str:
+        thumbprint = jose.b64encode(self.account.key.thumbprint()).decode()
+        return f"{token}.{thumbprint}"

@@ -1,0 +1,364 @@
+"""ACME activities: create the order, accept the challenge, wait for the order,
+finalize and store.
+
+The blocking ``acme`` calls run on a thread; the waiting, heartbeats and
+Postgres writes stay on the event loop. A new private key is generated,
+encrypted and bound to the order in Postgres before finalize, and never leaves
+this module (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import asyncpg
+from acme import challenges, messages
+from acme import client as acme_client
+from temporalio import activity
+
+from activities.acme_client import AcmeClients, classify_acme_failure, parse_retry_after
+from certflow import certificates, cooldown
+from certflow.crypto import (
+    DecryptionError,
+    EncryptionKey,
+    certificate_info,
+    generate_private_key,
+    load_private_key,
+    make_csr,
+    private_key_to_pem,
+    public_key_matches,
+    split_fullchain,
+)
+from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_application_error
+from certflow.models import (
+    AcceptChallengeInput,
+    CreateOrderInput,
+    FinalizeInput,
+    IssuedCertificate,
+    OpenedOrder,
+    OrderProgress,
+    WaitForOrderInput,
+)
+from certflow.settings import KeyType
+
+T = TypeVar("T")
+
+FAST_POLL_FIRST = 0.02
+FAST_POLL_MAX = 0.25
+REACCEPT_AFTER = 1.0
+FINALIZE_WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    body: dict[str, Any]
+    retry_after: float | None
+
+
+class AcmeActivities:
+    """Activities that talk to the CA, for one account."""
+
+    def __init__(
+        self,
+        clients: AcmeClients,
+        pool: asyncpg.Pool,
+        encryption_key: EncryptionKey,
+        key_type: KeyType,
+        executor: ThreadPoolExecutor,
+        profile: str | None = None,
+    ) -> None:
+        self._clients = clients
+        self._pool = pool
+        self._key = encryption_key
+        self._key_type = key_type
+        self._executor = executor
+        self._profile = profile
+
+    @property
+    def _directory_url(self) -> str:
+        return self._clients.account.directory_url
+
+    async def _call(self, fn: Callable[[acme_client.ClientV2], T]) -> T:
+        """Run one blocking exchange with a borrowed client; CA failures become typed errors."""
+
+        def run() -> T:
+            with self._clients.borrow() as client:
+                return fn(client)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        except CertflowError:
+            raise
+        except Exception as exc:
+            raise await self._typed(classify_acme_failure(exc)) from None
+
+    async def _typed(self, err: AcmeProblemError) -> AcmeProblemError:
+        """Record a rate limit as the shared cooldown before reporting it."""
+        if err.code is ErrorCode.ACME_RATE_LIMITED:
+            seconds = err.retry_after_seconds
+            if seconds is None:
+                seconds = 3600.0
+            if seconds > 0:
+                until = await cooldown.extend_cooldown(
+                    self._pool, self._directory_url, seconds, err.problem_type, err.detail
+                )
+                err.retry_after_seconds = max(0.0, until.timestamp() - time.time())
+        return err
+
+    def _post_as_get(self, client: acme_client.ClientV2, url: str) -> _Fetched:
+        response = client.net.post(url, None, new_nonce_url=self._clients.new_nonce_url)
+        return _Fetched(response.json(), parse_retry_after(response.headers.get("Retry-After")))
+
+    # -- create_order ------------------------------------------------------
+
+    @activity.defn(name="create_order")
+    async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
+        """Open a new order for the hostname and pick its http-01 challenge.
+
+        Nothing is sent while the shared rate-limit cooldown runs.
+        """
+        try:
+            active = await cooldown.active_cooldown(self._pool, self._directory_url)
+            if active is not None:
+                remaining = max(0.0, active.until.timestamp() - time.time())
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_RATE_LIMITED,
+                    message=f"the CA is rate-limiting new orders until {active.until.isoformat()}",
+                    problem_type=active.problem_type or "",
+                    detail=active.detail or "",
+                    retry_after_seconds=remaining,
+                )
+            return await self._call(lambda client: self._open_order(client, input.hostname))
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    def _open_order(self, client: acme_client.ClientV2, hostname: str) -> OpenedOrder:
+        new_order = messages.NewOrder(
+            identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=hostname)],
+            profile=self._profile or None,
+        )
+        response = client.net.post(
+            client.directory["newOrder"], new_order, new_nonce_url=self._clients.new_nonce_url
+        )
+        order = messages.Order.from_json(response.json())
+        order_url = response.headers["Location"]
+        authorization_url = order.authorizations[0]
+        authz = messages.Authorization.from_json(
+            self._post_as_get(client, authorization_url).body
+        )
+        for challb in authz.challenges:
+            if isinstance(challb.chall, challenges.HTTP01):
+                token = challb.chall.encode("token")
+                return OpenedOrder(
+                    order_url=order_url,
+                    authorization_url=authorization_url,
+                    challenge_url=challb.uri,
+                    token=token,
+                    key_authorization=self._clients.key_authorization(token),
+                )
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_TEMPORARY,
+            message=f"the CA offered no http-01 challenge for {hostname}",
+        )
+
+    # -- accept_challenge --------------------------------------------------
+
+    @activity.defn(name="accept_challenge")
+    async def accept_challenge(self, input: AcceptChallengeInput) -> None:
+        """Ask the CA to validate. A challenge already validating or valid is success."""
+        try:
+            await self._call(lambda client: self._accept(client, input.challenge_url))
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> None:
+        try:
+            client.net.post(
+                challenge_url,
+                challenges.HTTP01Response(),
+                new_nonce_url=self._clients.new_nonce_url,
+            )
+        except messages.Error:
+            # Pebble answers `malformed` to a second accept; only the status tells.
+            status = self._post_as_get(client, challenge_url).body.get("status")
+            if status not in ("processing", "valid"):
+                raise
+
+    # -- wait_for_order ----------------------------------------------------
+
+    @activity.defn(name="wait_for_order")
+    async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
+        """Poll the order every few tens of milliseconds (heartbeating) until it is
+        ready or valid, or the window ends. An invalid order is ACME_INVALID_ORDER."""
+        try:
+            return await self._wait_for_order(input)
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    async def _wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
+        started = time.monotonic()
+        deadline = started + input.within_seconds
+        interval = FAST_POLL_FIRST
+        reaccept_checked = False
+        while True:
+            fetched = await self._call(lambda client: self._post_as_get(client, input.order_url))
+            activity.heartbeat()
+            status = str(fetched.body.get("status"))
+            if status in ("ready", "valid"):
+                return OrderProgress(status=status)
+            if status == "invalid":
+                raise await self._invalid_order(fetched.body)
+            now = time.monotonic()
+            if (
+                status == "pending"
+                and input.challenge_url
+                and not reaccept_checked
+                and now - started > REACCEPT_AFTER
+            ):
+                # The accept may never have reached the CA (SPEC §3 step 5).
+                reaccept_checked = True
+                url = input.challenge_url
+                await self._call(lambda client: self._reaccept_if_pending(client, url))
+            if now >= deadline:
+                return OrderProgress(status=status, retry_after_seconds=fetched.retry_after)
+            await asyncio.sleep(min(interval, max(0.0, deadline - now)))
+            interval = min(interval * 1.5, FAST_POLL_MAX)
+
+    def _reaccept_if_pending(self, client: acme_client.ClientV2, challenge_url: str) -> None:
+        if self._post_as_get(client, challenge_url).body.get("status") == "pending":
+            self._accept(client, challenge_url)
+
+    async def _invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
+        """Explain an invalid order with the failed challenge's problem, when there is one."""
+        problem: dict[str, Any] = dict(order.get("error") or {})
+        authz_urls = list(order.get("authorizations") or [])
+        if authz_urls and not problem:
+            try:
+                authz = await self._call(lambda client: self._post_as_get(client, authz_urls[0]))
+                for chall in authz.body.get("challenges", []):
+                    if chall.get("error"):
+                        problem = dict(chall["error"])
+                        break
+            except CertflowError:
+                pass
+        detail = str(problem.get("detail") or "the order became invalid")
+        return AcmeProblemError(
+            code=ErrorCode.ACME_INVALID_ORDER,
+            message=f"the CA could not validate the domain: {detail}",
+            problem_type=str(problem.get("type") or ""),
+            detail=detail,
+            subproblems=list(problem.get("subproblems") or []),
+        )
+
+    # -- finalize_and_store --------------------------------------------------
+
+    @activity.defn(name="finalize_and_store")
+    async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
+        """Finalize the order with a new key stored beforehand, download the chain,
+        check it matches the key, and make it the current certificate."""
+        try:
+            return await self._finalize_and_store(input)
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
+        order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
+        status = order.get("status")
+        encrypted = await certificates.load_pending_key(
+            self._pool, input.certificate_id, input.order_url
+        )
+        if status == "ready":
+            if encrypted is None:
+                key = generate_private_key(self._key_type)
+                encrypted = self._key.encrypt(private_key_to_pem(key))
+                if not await certificates.store_pending_key(
+                    self._pool, input.certificate_id, input.order_url, encrypted
+                ):
+                    raise AcmeProblemError(
+                        code=ErrorCode.ACME_INVALID_ORDER,
+                        message="the order is no longer the certificate's open order",
+                    )
+            else:
+                key = self._decrypt_key(encrypted)
+            csr = make_csr(key, input.hostname)
+            finalize_url = str(order["finalize"])
+            await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
+        elif status in ("processing", "valid"):
+            if encrypted is None:
+                # Finalized with a key that was never stored: nothing can pair it.
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_INVALID_ORDER,
+                    message="the order was finalized without a stored key; a new order is needed",
+                )
+            key = self._decrypt_key(encrypted)
+        elif status == "invalid":
+            raise await self._invalid_order(order)
+        else:
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
+            )
+
+        certificate_url = await self._wait_until_issued(input.order_url)
+        fullchain = await self._call(lambda client: self._download(client, certificate_url))
+        leaf, chain = split_fullchain(fullchain)
+        if not public_key_matches(leaf, key):
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_INVALID_ORDER,
+                message="the issued certificate does not match the stored key",
+            )
+        info = certificate_info(leaf)
+        if not await certificates.store_issued(
+            self._pool, input.certificate_id, input.order_url, leaf, chain, info
+        ):
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_INVALID_ORDER,
+                message="the certificate row moved on before the certificate could be stored",
+            )
+        return IssuedCertificate(
+            serial_hex=info.serial_hex, not_before=info.not_before, not_after=info.not_after
+        )
+
+    def _decrypt_key(self, encrypted: bytes) -> Any:
+        try:
+            return load_private_key(self._key.decrypt(encrypted))
+        except DecryptionError as err:
+            raise AcmeProblemError(code=ErrorCode.ACME_TEMPORARY, message=str(err)) from None
+
+    def _begin_finalize(self, client: acme_client.ClientV2, finalize_url: str, csr: bytes) -> None:
+        from cryptography import x509
+
+        request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
+        try:
+            client.net.post(finalize_url, request, new_nonce_url=self._clients.new_nonce_url)
+        except messages.Error as err:
+            # A repeated finalize (activity retry) finds the order already processing.
+            if err.code not in ("orderNotReady", "malformed"):
+                raise
+
+    async def _wait_until_issued(self, order_url: str) -> str:
+        deadline = time.monotonic() + FINALIZE_WAIT
+        interval = FAST_POLL_FIRST
+        while True:
+            order = (await self._call(lambda client: self._post_as_get(client, order_url))).body
+            activity.heartbeat()
+            if order.get("status") == "valid" and order.get("certificate"):
+                return str(order["certificate"])
+            if order.get("status") == "invalid":
+                raise await self._invalid_order(order)
+            if time.monotonic() >= deadline:
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_TEMPORARY,
+                    message=f"order still {order.get('status')} {FINALIZE_WAIT:.0f}s after finalize",
+                )
+            await asyncio.sleep(interval)
+            interval = min(interval * 1.5, FAST_POLL_MAX)
+
+    def _download(self, client: acme_client.ClientV2, certificate_url: str) -> str:
+        response = client.net.post(
+            certificate_url, None, new_nonce_url=self._clients.new_nonce_url
+        )
+        return str(response.text)

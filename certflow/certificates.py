@@ -1,0 +1,243 @@
+"""Certificate rows in Postgres: every read and guarded transition.
+
+Each transition names the status it expects to leave, so an activity retried
+after its commit (or racing a cancel) finds the row moved on and does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from certflow.crypto import CertificateInfo
+from certflow.models import CertificateRecord, OpenedOrder, Outcome
+
+_RECORD_COLUMNS = """
+    c.id::text AS certificate_id, c.hostname::text AS hostname, c.tenant_id, c.status,
+    c.provisioning_error AS error_code, c.provisioning_error_message AS error_message,
+    c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
+    c.http_challenge_url AS challenge_url, c.ssl_expires_at AS expires_at,
+    CASE
+        WHEN $2::text IS NULL THEN false
+        WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
+            THEN coalesce((SELECT d.managed FROM custom_domains d WHERE d.domain = c.hostname), true)
+        ELSE false
+    END AS skips_dns
+"""
+
+
+def _record(row: asyncpg.Record) -> CertificateRecord:
+    return CertificateRecord(**dict(row))
+
+
+async def ensure_certificate(
+    pool: asyncpg.Pool, hostname: str, tenant_id: str | None, managed_base_domain: str | None
+) -> CertificateRecord:
+    """The row for hostname, inserted as PENDING when missing."""
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO certificates (hostname, tenant_id) VALUES ($1, $2)"
+            " ON CONFLICT (hostname) DO NOTHING",
+            hostname,
+            tenant_id,
+        )
+        row = await conn.fetchrow(
+            f"SELECT {_RECORD_COLUMNS} FROM certificates c WHERE c.hostname = $1",
+            hostname,
+            managed_base_domain,
+        )
+    assert row is not None
+    return _record(row)
+
+
+async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: OpenedOrder) -> bool:
+    """Record the open order and move PENDING → PROVISIONING (RENEWING stays RENEWING).
+
+    Committed before the challenge is accepted, so the responder can answer the
+    CA's first request. Returns False when the row vanished or moved on.
+    """
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET
+            status = CASE WHEN status = 'RENEWING' THEN 'RENEWING' ELSE 'PROVISIONING' END,
+            http_challenge_token = $2, http_challenge_key_auth = $3,
+            http_challenge_url = $4, http_order_url = $5,
+            provisioning_error = NULL, provisioning_error_message = NULL,
+            ssl_last_attempt_at = now(), updated_at = now()
+        WHERE id = $1::uuid
+          AND (status IN ('PENDING', 'RENEWING') AND http_order_url IS NULL
+               OR http_order_url = $5)
+        RETURNING true
+        """,
+        certificate_id,
+        order.token,
+        order.key_authorization,
+        order.challenge_url,
+        order.order_url,
+    )
+    return bool(result)
+
+
+async def store_pending_key(
+    pool: asyncpg.Pool, certificate_id: str, order_url: str, encrypted_key: bytes
+) -> bool:
+    """Bind a new encrypted key to the open order, unless one is bound already."""
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET pending_private_key = $3, pending_key_order_url = $2,
+            updated_at = now()
+        WHERE id = $1::uuid AND http_order_url = $2
+          AND (pending_key_order_url IS DISTINCT FROM $2 OR pending_private_key IS NULL)
+        RETURNING true
+        """,
+        certificate_id,
+        order_url,
+        encrypted_key,
+    )
+    return bool(result)
+
+
+async def load_pending_key(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> bytes | None:
+    """The encrypted key bound to this order, if any."""
+    value = await pool.fetchval(
+        "SELECT pending_private_key FROM certificates"
+        " WHERE id = $1::uuid AND pending_key_order_url = $2",
+        certificate_id,
+        order_url,
+    )
+    return bytes(value) if value is not None else None
+
+
+async def store_issued(
+    pool: asyncpg.Pool,
+    certificate_id: str,
+    order_url: str,
+    leaf_pem: str,
+    chain_pem: str,
+    info: CertificateInfo,
+) -> bool:
+    """Make the order's certificate current: ACTIVE, budget reset, ACME state cleared.
+
+    The key is the one already stored for the order. Returns True also when a
+    previous attempt of the same store already committed.
+    """
+    async with pool.acquire() as conn:
+        stored = await conn.fetchval(
+            """
+            UPDATE certificates SET
+                status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
+                encrypted_ssl_private_key = pending_private_key,
+                ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7,
+                ssl_retry_count = 0, ssl_last_attempt_at = NULL,
+                provisioning_error = NULL, provisioning_error_message = NULL,
+                http_challenge_token = NULL, http_challenge_key_auth = NULL,
+                http_challenge_url = NULL, http_order_url = NULL,
+                pending_private_key = NULL, pending_key_order_url = NULL,
+                updated_at = now()
+            WHERE id = $1::uuid AND http_order_url = $2 AND pending_key_order_url = $2
+              AND status IN ('PROVISIONING', 'RENEWING', 'PENDING', 'EXPIRED')
+            RETURNING true
+            """,
+            certificate_id,
+            order_url,
+            leaf_pem,
+            chain_pem,
+            info.serial_hex,
+            info.not_before,
+            info.not_after,
+        )
+        if stored:
+            return True
+        already = await conn.fetchval(
+            "SELECT ssl_serial = $2 AND status = 'ACTIVE' FROM certificates WHERE id = $1::uuid",
+            certificate_id,
+            info.serial_hex,
+        )
+        return bool(already)
+
+
+async def record_failure(
+    pool: asyncpg.Pool, certificate_id: str, outcome: Outcome, message: str
+) -> bool:
+    """Apply a failed attempt's outcome in one statement."""
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET
+            status = $2, ssl_retry_count = $3,
+            provisioning_error = $4, provisioning_error_message = $5,
+            ssl_last_attempt_at = now(), updated_at = now(),
+            http_challenge_token = CASE WHEN $6 THEN http_challenge_token END,
+            http_challenge_key_auth = CASE WHEN $6 THEN http_challenge_key_auth END,
+            http_challenge_url = CASE WHEN $6 THEN http_challenge_url END,
+            http_order_url = CASE WHEN $6 THEN http_order_url END,
+            pending_private_key = CASE WHEN $6 THEN pending_private_key END,
+            pending_key_order_url = CASE WHEN $6 THEN pending_key_order_url END
+        WHERE id = $1::uuid AND status NOT IN ('ACTIVE', 'CANCELED')
+        RETURNING true
+        """,
+        certificate_id,
+        str(outcome.status),
+        outcome.retry_count,
+        str(outcome.error_code),
+        message[:2000],
+        outcome.keep_order,
+    )
+    return bool(result)
+
+
+async def challenge_key_authorization(pool: asyncpg.Pool, token: str, hostname: str) -> str | None:
+    """The key authorization of an open challenge for this token and hostname."""
+    value = await pool.fetchval(
+        "SELECT http_challenge_key_auth FROM certificates"
+        " WHERE http_challenge_token = $1 AND hostname = $2",
+        token,
+        hostname,
+    )
+    return str(value) if value is not None else None
+
+
+async def request_certificate(pool: asyncpg.Pool, hostname: str, tenant_id: str | None) -> None:
+    """Upsert the row a product asks for; a canceled one is requested again."""
+    await pool.execute(
+        """
+        INSERT INTO certificates (hostname, tenant_id) VALUES ($1, $2)
+        ON CONFLICT (hostname) DO UPDATE SET
+            tenant_id = coalesce(EXCLUDED.tenant_id, certificates.tenant_id),
+            status = CASE WHEN certificates.status = 'CANCELED' THEN 'PENDING'
+                          ELSE certificates.status END,
+            updated_at = now()
+        """,
+        hostname,
+        tenant_id,
+    )
+
+
+async def certificate_summary(pool: asyncpg.Pool, hostname: str) -> dict[str, Any] | None:
+    """Public facts about a certificate row, for status output (no key material)."""
+    row = await pool.fetchrow(
+        """
+        SELECT id::text AS id, hostname::text AS hostname, tenant_id, status,
+               provisioning_error AS error_code, provisioning_error_message AS error_message,
+               ssl_retry_count AS retry_count, ssl_last_attempt_at AS last_attempt_at,
+               ssl_serial AS serial, ssl_not_before AS not_before, ssl_expires_at AS expires_at,
+               created_at, updated_at
+        FROM certificates WHERE hostname = $1
+        """,
+        hostname,
+    )
+    return dict(row) if row is not None else None
+
+
+
+async def reopen_failed(pool: asyncpg.Pool, certificate_id: str) -> bool:
+    """FAILED → PENDING with a fresh failure budget (retry now, or the slow retry)."""
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET status = 'PENDING', ssl_retry_count = 0, updated_at = now()
+        WHERE id = $1::uuid AND status = 'FAILED'
+        RETURNING true
+        """,
+        certificate_id,
+    )
+    return bool(result)

@@ -1,0 +1,127 @@
+"""Private keys, CSRs, certificate parsing and the at-rest encryption format.
+
+Encryption is compatible with the original system: AES-256-GCM, stored bytes
+= 12-byte random nonce || ciphertext || 16-byte tag, no associated data; the
+plaintext is the PEM private key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+from cryptography import x509
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.x509.oid import NameOID
+
+from certflow.settings import KeyType
+
+NONCE_SIZE = 12
+TAG_SIZE = 16
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+class DecryptionError(Exception):
+    """Stored key material does not decrypt with the configured key."""
+
+
+class EncryptionKey:
+    """An AES-256-GCM key; its repr never shows the key."""
+
+    __slots__ = ("_aead",)
+
+    def __init__(self, raw: bytes) -> None:
+        if len(raw) != 32:
+            raise ValueError("encryption key must be 32 bytes")
+        self._aead = AESGCM(raw)
+
+    def __repr__(self) -> str:
+        return "EncryptionKey(<redacted>)"
+
+    def encrypt(self, plaintext: bytes) -> bytes:
+        nonce = os.urandom(NONCE_SIZE)
+        return nonce + self._aead.encrypt(nonce, plaintext, None)
+
+    def decrypt(self, blob: bytes) -> bytes:
+        if len(blob) < NONCE_SIZE + TAG_SIZE:
+            raise DecryptionError("encrypted value is too short")
+        try:
+            return self._aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], None)
+        except InvalidTag:
+            raise DecryptionError(
+                "stored key does not decrypt with CERTFLOW_ENCRYPTION_KEY (wrong key?)"
+            ) from None
+
+
+def generate_private_key(key_type: KeyType) -> PrivateKey:
+    if key_type is KeyType.EC256:
+        return ec.generate_private_key(ec.SECP256R1())
+    if key_type is KeyType.EC384:
+        return ec.generate_private_key(ec.SECP384R1())
+    size = 2048 if key_type is KeyType.RSA2048 else 4096
+    return rsa.generate_private_key(public_exponent=65537, key_size=size)
+
+
+def private_key_to_pem(key: PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def load_private_key(pem: bytes) -> PrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey)):
+        raise ValueError(f"unsupported key type {type(key).__name__}")
+    return key
+
+
+def make_csr(key: PrivateKey, hostname: str) -> bytes:
+    """A PEM CSR with CN and a single DNS SAN for hostname."""
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)]))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return csr.public_bytes(serialization.Encoding.PEM)
+
+
+@dataclass(frozen=True)
+class CertificateInfo:
+    """What certflow records about an issued leaf certificate."""
+
+    serial_hex: str
+    not_before: datetime
+    not_after: datetime
+
+
+def split_fullchain(fullchain_pem: str) -> tuple[str, str]:
+    """Split a PEM chain into (leaf PEM, intermediates PEM)."""
+    certs = x509.load_pem_x509_certificates(fullchain_pem.encode())
+    if not certs:
+        raise ValueError("empty certificate chain")
+    pems = [c.public_bytes(serialization.Encoding.PEM).decode() for c in certs]
+    return pems[0], "".join(pems[1:])
+
+
+def certificate_info(leaf_pem: str) -> CertificateInfo:
+    cert = x509.load_pem_x509_certificate(leaf_pem.encode())
+    return CertificateInfo(
+        serial_hex=format(cert.serial_number, "x"),
+        not_before=cert.not_valid_before_utc,
+        not_after=cert.not_valid_after_utc,
+    )
+
+
+def public_key_matches(leaf_pem: str, key: PrivateKey) -> bool:
+    """Whether the certificate was issued for this private key."""
+    cert = x509.load_pem_x509_certificate(leaf_pem.encode())
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return cert.public_key().public_bytes(*spki) == key.public_key().public_bytes(*spki)

@@ -1,0 +1,66 @@
+"""Postgres connection pool and versioned migrations."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+# Any constant works; it only has to be the same for every certflow process.
+MIGRATION_LOCK_ID = 0x6365727466_6C6F77 % (2**63)
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A pool whose connections are checked before use, so a restarted Postgres is survived."""
+    pool = await asyncpg.create_pool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        command_timeout=30,
+        max_inactive_connection_lifetime=300,
+    )
+    assert pool is not None
+    return pool
+
+
+def _migrations() -> list[tuple[int, str, str]]:
+    files = resources.files("certflow") / "migrations"
+    found = []
+    for entry in files.iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            found.append((version, entry.name, entry.read_text()))
+    return sorted(found)
+
+
+async def migrate(pool: asyncpg.Pool) -> list[str]:
+    """Apply pending migrations once; concurrent callers wait on an advisory lock."""
+    applied: list[str] = []
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_ID)
+        try:
+            await conn.execute(
+                """CREATE TABLE IF NOT EXISTS schema_migrations (
+                       version integer PRIMARY KEY,
+                       name text NOT NULL,
+                       applied_at timestamptz NOT NULL DEFAULT now())"""
+            )
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for version, name, sql in _migrations():
+                if version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                        version,
+                        name,
+                    )
+                log.info("applied migration %s", name)
+                applied.append(name)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_ID)
+    return applied

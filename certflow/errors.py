@@ -1,0 +1,129 @@
+"""The typed error tree.
+
+Every failure an activity can report is a :class:`CertflowError` carrying an
+:class:`ErrorCode` (SPEC §4) plus the data that explains it. Activities turn
+them into Temporal ``ApplicationError`` s whose ``type`` is the code, so the
+workflow and retry policies match on the code, never on message text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    """Error codes stored in ``certificates.provisioning_error``."""
+
+    DNS_CNAME = "DNS_CNAME"
+    DNS_CAA = "DNS_CAA"
+    ACME_RATE_LIMITED = "ACME_RATE_LIMITED"
+    ACME_INVALID_ORDER = "ACME_INVALID_ORDER"
+    ACME_TEMPORARY = "ACME_TEMPORARY"
+    ACME_FAILED = "ACME_FAILED"
+
+
+USER_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.DNS_CNAME: "DNS is not configured correctly yet. Check the CNAME record.",
+    ErrorCode.DNS_CAA: "DNS CAA records do not allow our certificate authority.",
+    ErrorCode.ACME_RATE_LIMITED: (
+        "Certificate authority is temporarily rate-limiting. We will retry automatically."
+    ),
+    ErrorCode.ACME_INVALID_ORDER: (
+        "Domain ownership could not be verified. We will retry automatically."
+    ),
+    ErrorCode.ACME_TEMPORARY: (
+        "Certificate provisioning hit a temporary error. We will retry automatically."
+    ),
+    ErrorCode.ACME_FAILED: (
+        "Certificate provisioning failed. Contact support if this persists."
+    ),
+}
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+@dataclass
+class CertflowError(Exception):
+    """A provisioning failure with its code and a specific, user-safe message."""
+
+    code: ErrorCode
+    message: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def details(self) -> dict[str, Any]:
+        """JSON-safe data carried to the workflow in the ApplicationError details."""
+        return {"code": str(self.code), "message": self.message}
+
+    @property
+    def non_retryable(self) -> bool:
+        """Whether an activity retry could not help (the workflow decides what next)."""
+        return self.code is not ErrorCode.ACME_TEMPORARY
+
+    @property
+    def next_retry_delay(self) -> timedelta | None:
+        return None
+
+
+@dataclass
+class DnsCheckError(CertflowError):
+    """The hostname's DNS does not allow issuance (DNS_CNAME / DNS_CAA) or the
+    lookup itself failed (ACME_TEMPORARY for a CAA SERVFAIL)."""
+
+    found: list[str] = field(default_factory=list)
+    expected: str = ""
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "found": list(self.found), "expected": self.expected}
+
+
+@dataclass
+class AcmeProblemError(CertflowError):
+    """The CA answered with an error (RFC 8555 problem document or bare HTTP status)."""
+
+    problem_type: str = ""
+    detail: str = ""
+    http_status: int | None = None
+    retry_after_seconds: float | None = None
+    subproblems: list[dict[str, Any]] = field(default_factory=list)
+
+    def details(self) -> dict[str, Any]:
+        return {
+            **super().details(),
+            "problem_type": self.problem_type,
+            "detail": self.detail,
+            "http_status": self.http_status,
+            "retry_after_seconds": self.retry_after_seconds,
+            "subproblems": list(self.subproblems),
+        }
+
+    @property
+    def non_retryable(self) -> bool:
+        # A short Retry-After on a temporary fault is honoured by the activity's
+        # own retry; everything else goes back to the workflow.
+        return self.code is not ErrorCode.ACME_TEMPORARY
+
+    @property
+    def next_retry_delay(self) -> timedelta | None:
+        if self.retry_after_seconds is None:
+            return None
+        return timedelta(seconds=self.retry_after_seconds)
+
+
+def to_application_error(err: CertflowError) -> Exception:
+    """The Temporal form of err: ``type`` is the code, details carry the data."""
+    from temporalio.exceptions import ApplicationError
+
+    return ApplicationError(
+        err.message,
+        err.details(),
+        type=str(err.code),
+        non_retryable=err.non_retryable,
+        next_retry_delay=err.next_retry_delay,
+    )

@@ -1,0 +1,209 @@
+"""Hostname validation and normalization (SPEC §2: IDNA A-label, lower case, no trailing dot).
+
+Every hostname that reaches the database, DNS or the CA goes through
+:func:`normalize_hostname` first, so the rest of the system can assume one
+canonical spelling per name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import reprlib
+import string
+import unicodedata
+from collections.abc import Callable
+from typing import Any
+
+import idna
+
+__all__ = ["InvalidHostnameError", "normalize_hostname", "MAX_NAME_OCTETS", "MAX_LABEL_OCTETS"]
+
+MAX_NAME_OCTETS = 253
+"""Longest name in presentation form without the trailing dot (RFC 1035 §2.3.4)."""
+
+MAX_LABEL_OCTETS = 63
+
+# Raw inputs longer than this are refused before any IDNA work, so a hostile
+# multi-kilobyte string costs nothing. It is deliberately looser than 253:
+# UTS #46 can shrink a name (e.g. it drops soft hyphens), so the exact limit is
+# enforced on the converted A-label form.
+_MAX_RAW_CHARS = 1024
+
+_PREVIEW_CHARS = 60
+_LDH = frozenset(string.ascii_lowercase + string.digits + "-")
+
+
+def _preview(text: str) -> str:
+    """A short, single-line, escaped rendering of untrusted input for messages."""
+    if len(text) <= _PREVIEW_CHARS:
+        return repr(text)
+    return f"{text[:_PREVIEW_CHARS]!r}... ({len(text)} chars)"
+
+
+def _short(text: str, limit: int = 120) -> str:
+    """Bound and escape a library message that may quote the (untrusted) input."""
+    text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class InvalidHostnameError(ValueError):
+    """A hostname that cannot be used: not a valid, public, DNS host name.
+
+    ``hostname`` is the raw input (always a ``str``; other types are rendered);
+    ``reason`` says what is wrong. ``str()`` quotes at most 60 characters of
+    the input, escaped, so hostile input stays short and on one line in logs.
+    """
+
+    hostname: str
+    reason: str
+
+    def __init__(self, hostname: str, reason: str) -> None:
+        self.hostname = hostname
+        self.reason = reason
+        super().__init__(f"invalid hostname {_preview(hostname)}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ValueError pickles as cls(*args); our args would be the message alone.
+        return (type(self), (self.hostname, self.reason))
+
+
+def normalize_hostname(raw: str) -> str:
+    """Return the canonical form of ``raw``: IDNA 2008 A-labels, lower case, no trailing dot.
+
+    Surrounding whitespace and one trailing dot are dropped; Unicode is mapped
+    with UTS #46 (non-transitional, so ``ß`` stays ``ß``) and encoded to
+    A-labels. Raises :class:`InvalidHostnameError` for anything that is not a
+    multi-label DNS host name: IP literals, wildcards, empty or over-long
+    labels, characters outside letters/digits/hyphen, invalid IDNA, etc.
+    """
+    if not isinstance(raw, str):
+        rendered = (
+            raw.decode("ascii", "backslashreplace")
+            if isinstance(raw, (bytes, bytearray))
+            else reprlib.repr(raw)
+        )
+        raise InvalidHostnameError(rendered, f"expected str, got {type(raw).__name__}")
+
+    def fail(reason: str) -> InvalidHostnameError:
+        return InvalidHostnameError(raw, reason)
+
+    name = raw.strip()
+    if not name:
+        raise fail("empty")
+    if len(name) > _MAX_RAW_CHARS:
+        raise fail(f"name is too long ({len(name)} characters; at most {MAX_NAME_OCTETS} octets)")
+
+    # Checked before UTS #46 mapping, which would otherwise report these as an
+    # obscure "disallowed code point" (or silently drop some of them).
+    for pos, char in enumerate(name):
+        if char == "\x00":
+            raise fail(f"contains a NUL character at position {pos}")
+        if char.isspace():
+            raise fail(f"contains whitespace (U+{ord(char):04X}) at position {pos}")
+        if unicodedata.category(char) == "Cc":
+            raise fail(f"contains a control character (U+{ord(char):04X}) at position {pos}")
+
+    try:
+        # std3_rules=False: let "_", "*", ":" etc. through the mapping so the
+        # checks below can name the actual problem; they reject them anyway.
+        # transitional=False: IDNA 2008 semantics (ß, ς, ZWJ are not remapped).
+        mapped = idna.uts46_remap(name, std3_rules=False, transitional=False)
+    except idna.IDNAError as exc:
+        raise fail(f"invalid IDNA: {_short(str(exc))}") from None
+
+    # Checks on the mapped text, so full-width look-alikes (＊, １) are caught too.
+    if "*" in mapped:
+        raise fail("wildcards are not allowed")
+    if mapped.startswith("[") or _is_ip_literal(mapped):
+        raise fail("IP address literals are not allowed")
+
+    if mapped.endswith("."):
+        mapped = mapped[:-1]
+    labels = mapped.split(".")
+    for index, label in enumerate(labels):
+        if not label:
+            if index == 0:
+                where = "leading dot"
+            elif index == len(labels) - 1:
+                where = "more than one trailing dot"
+            else:
+                where = "consecutive dots"
+            raise fail(f"empty label ({where})")
+    if len(labels) == 1:
+        raise fail("single-label names are not allowed (need a dot, e.g. name.example.com)")
+
+    a_labels = [_to_a_label(label, fail) for label in labels]
+
+    if a_labels[-1].isdigit():
+        # Browsers (WHATWG URL) parse a name ending in a number as IPv4.
+        raise fail(f"top-level label {a_labels[-1]!r} is numeric (looks like an IP address)")
+
+    result = ".".join(a_labels)
+    if len(result) > MAX_NAME_OCTETS:
+        raise fail(f"name is {len(result)} octets long; at most {MAX_NAME_OCTETS} allowed")
+    return result
+
+
+_Fail = Callable[[str], InvalidHostnameError]
+
+
+def _is_ip_literal(text: str) -> bool:
+    candidate = text[:-1] if text.endswith(".") else text
+    try:
+        ipaddress.ip_address(candidate)
+    except ValueError:
+        return False
+    return True
+
+
+def _to_a_label(label: str, fail: _Fail) -> str:
+    """Validate one UTS #46-mapped label and return its A-label form."""
+    if label.isascii():
+        for char in label:
+            if char not in _LDH:
+                what = "an underscore" if char == "_" else f"the character {char!r}"
+                raise fail(
+                    f"label {_preview(label)} contains {what}; "
+                    "only letters, digits and hyphens are allowed"
+                )
+        if len(label) > MAX_LABEL_OCTETS:
+            raise fail(f"label is {len(label)} octets long; at most {MAX_LABEL_OCTETS} allowed")
+        if label.startswith("-"):
+            raise fail(f"label {_preview(label)} starts with a hyphen")
+        if label.endswith("-"):
+            raise fail(f"label {_preview(label)} ends with a hyphen")
+        if label.startswith("xn--"):
+            _check_a_label(label, fail)
+        elif label[2:4] == "--":
+            # RFC 5891 §4.2.3.1: "??--" is reserved for IDNA prefixes; CAs refuse it.
+            raise fail(
+                f"label {_preview(label)} has hyphens in the 3rd and 4th positions (reserved)"
+            )
+        return label
+
+    # Checked first so an over-long label gets the same message as an ASCII one.
+    octets = len("xn--") + len(label.encode("punycode"))
+    if octets > MAX_LABEL_OCTETS:
+        raise fail(
+            f"label is {octets} octets long as an A-label; at most {MAX_LABEL_OCTETS} allowed"
+        )
+    try:
+        encoded = idna.alabel(label).decode("ascii")
+    except idna.IDNAError as exc:
+        raise fail(f"invalid IDNA label {_preview(label)}: {_short(str(exc))}") from None
+    return encoded
+
+
+def _check_a_label(label: str, fail: _Fail) -> None:
+    """Reject an ``xn--`` label that does not decode to a valid IDNA 2008 U-label."""
+    try:
+        u_label = idna.ulabel(label)
+        # Round-trip: rejects non-canonical Punycode that still decodes.
+        canonical = idna.alabel(u_label).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise fail(f"invalid IDNA A-label {_preview(label)}: {_short(str(exc))}") from None
+    if canonical != label:
+        raise fail(
+            f"invalid IDNA A-label {_preview(label)}: not in canonical form "
+            f"(expected {canonical!r})"
+        )

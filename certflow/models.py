@@ -1,0 +1,162 @@
+"""Payloads exchanged between the workflow, activities and clients.
+
+Nothing here ever holds key material: private keys stay inside the activity
+that uses them and in Postgres, encrypted.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from certflow.errors import ErrorCode
+
+WORKFLOW_TYPE = "Certificate"
+
+
+def workflow_id_for(hostname: str) -> str:
+    """The deterministic workflow id: one workflow per hostname, single flight by construction."""
+    return f"certificate:{hostname}"
+
+
+class CertificateStatus(StrEnum):
+    PENDING = "PENDING"
+    PROVISIONING = "PROVISIONING"
+    ACTIVE = "ACTIVE"
+    RENEWING = "RENEWING"
+    FAILED = "FAILED"
+    EXPIRED = "EXPIRED"
+    CANCELED = "CANCELED"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class CertificateInput(Frozen):
+    """Input of the Certificate workflow (the product backend's contract)."""
+
+    hostname: str
+    tenant_id: str | None = None
+
+
+class ProvisioningPolicy(Frozen):
+    """Timing knobs from the worker's settings, recorded in history by an activity."""
+
+    dns_recheck_initial_seconds: float = 60.0
+    dns_recheck_max_seconds: float = 3600.0
+    failure_backoff_initial_seconds: float = 900.0
+    failure_backoff_max_seconds: float = 4 * 3600.0
+    order_fast_poll_seconds: float = 8.0
+    failed_retry_seconds: float = 86400.0
+    """Slow automatic retry of a FAILED certificate; 0 turns it off."""
+    max_failures: int = 3
+
+
+class CertificateRecord(Frozen):
+    """A certificate row as the workflow sees it (no key material, no PEMs)."""
+
+    certificate_id: str
+    hostname: str
+    tenant_id: str | None
+    status: CertificateStatus
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    retry_count: int = 0
+    order_url: str | None = None
+    challenge_url: str | None = None
+    expires_at: datetime | None = None
+    skips_dns: bool = False
+
+
+class EnsureCertificateInput(Frozen):
+    hostname: str
+    tenant_id: str | None = None
+
+
+class EnsureCertificateResult(Frozen):
+    record: CertificateRecord
+    policy: ProvisioningPolicy
+
+
+class CheckDnsInput(Frozen):
+    hostname: str
+
+
+class CreateOrderInput(Frozen):
+    hostname: str
+
+
+class OpenedOrder(Frozen):
+    """A new ACME order and its HTTP-01 challenge. The key authorization is
+    public by design (the CA fetches it over plain HTTP)."""
+
+    order_url: str
+    authorization_url: str
+    challenge_url: str
+    token: str
+    key_authorization: str
+
+
+class PersistChallengeInput(Frozen):
+    certificate_id: str
+    order: OpenedOrder
+
+
+class AcceptChallengeInput(Frozen):
+    challenge_url: str
+
+
+class WaitForOrderInput(Frozen):
+    order_url: str
+    challenge_url: str | None
+    within_seconds: float
+
+
+class OrderProgress(Frozen):
+    """Order status after waiting; ``retry_after_seconds`` is the CA's hint."""
+
+    status: str
+    retry_after_seconds: float | None = None
+
+
+class FinalizeInput(Frozen):
+    certificate_id: str
+    hostname: str
+    order_url: str
+
+
+class IssuedCertificate(Frozen):
+    serial_hex: str
+    not_before: datetime
+    not_after: datetime
+
+
+class Outcome(Frozen):
+    """What a failed attempt does to the row (SPEC §4)."""
+
+    status: CertificateStatus
+    retry_count: int
+    keep_order: bool
+    error_code: ErrorCode
+
+
+class RecordFailureInput(Frozen):
+    certificate_id: str
+    outcome: Outcome
+    message: str
+
+
+class CertificateState(Frozen):
+    """Answer of the ``status`` query and of updates."""
+
+    hostname: str
+    status: CertificateStatus
+    phase: str
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    retry_count: int = 0
+    next_attempt_at: datetime | None = None
+    expires_at: datetime | None = None

@@ -1,0 +1,154 @@
+"""The HTTP-01 challenge responder: an ASGI application and a standalone server.
+
+It answers ``GET /.well-known/acme-challenge/<token>`` with the key
+authorization of an open challenge whose certificate's hostname is the
+request's Host, and 404 for everything else. A product backend can mount
+:class:`ChallengeResponder` in its own ASGI app; ``worker.py`` serves it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any
+
+import asyncpg
+import uvicorn
+
+from certflow import certificates
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+CHALLENGE_PREFIX = "/.well-known/acme-challenge/"
+# RFC 8555 §8.3: base64url, at least 128 bits of entropy; real tokens are ~43 chars.
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+_HOST = re.compile(r"[a-z0-9.-]{1,253}")
+CACHE_SECONDS = 2.0
+CACHE_ENTRIES = 10_000
+
+
+def _request_host(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            host = value.decode("latin-1").strip().lower()
+            if host.startswith("["):
+                return None  # an IP literal is never a certificate's hostname
+            host = host.rsplit(":", 1)[0] if ":" in host else host
+            host = host.removesuffix(".")
+            return host if _HOST.fullmatch(host) else None
+    return None
+
+
+class ChallengeResponder:
+    """ASGI app serving open HTTP-01 challenges from Postgres, with a short cache."""
+
+    def __init__(self, pool: asyncpg.Pool, cache_seconds: float = CACHE_SECONDS) -> None:
+        self._pool = pool
+        self._cache_seconds = cache_seconds
+        # Only answers found are cached: a challenge is committed before the CA is
+        # told to fetch it, so a miss must always look again.
+        self._cache: dict[tuple[str, str], tuple[float, str]] = {}
+
+    async def _lookup(self, token: str, host: str) -> str | None:
+        now = time.monotonic()
+        hit = self._cache.get((token, host))
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        key_authorization = await certificates.challenge_key_authorization(
+            self._pool, token, host
+        )
+        if key_authorization is not None:
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[(token, host)] = (now + self._cache_seconds, key_authorization)
+        return key_authorization
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope.get("path", "")
+        token = path[len(CHALLENGE_PREFIX) :] if path.startswith(CHALLENGE_PREFIX) else None
+        if token is None or not _TOKEN.fullmatch(token):
+            await _respond(send, 404, b"not found\n")
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _respond(send, 405, b"method not allowed\n", allow=b"GET, HEAD")
+            return
+        host = _request_host(scope)
+        body = await self._lookup(token, host) if host else None
+        if body is None:
+            await _respond(send, 404, b"not found\n")
+            return
+        payload = body.encode()
+        await _respond(send, 200, b"" if scope["method"] == "HEAD" else payload, length=len(payload))
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, *, allow: bytes | None = None, length: int | None = None
+) -> None:
+    headers = [
+        (b"content-type", b"text/plain"),
+        (b"content-length", str(len(body) if length is None else length).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    if allow is not None:
+        headers.append((b"allow", allow))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the hosting process owns signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind the responder's socket up front, so a taken port is a clear start-up error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+def responder_server(app: ChallengeResponder, host: str, port: int) -> uvicorn.Server:
+    """A server for app; run it with ``await server.serve(sockets=[bind_listener(...)])``,
+    stop it with ``should_exit``."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        server_header=False,
+        date_header=False,
+    )
+    return _EmbeddedServer(config)

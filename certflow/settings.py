@@ -1,0 +1,196 @@
+"""Settings from ``CERTFLOW_*`` environment variables.
+
+A missing or malformed setting stops the process at start with one line that
+names the variable (:func:`load_settings` raises :class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from certflow.errors import ConfigError
+from certflow.models import ProvisioningPolicy
+
+ENV_PREFIX = "CERTFLOW_"
+S = TypeVar("S", bound="ClientSettings")
+
+
+class KeyType(StrEnum):
+    """Private key algorithm for issued certificates."""
+
+    EC256 = "EC256"
+    EC384 = "EC384"
+    RSA2048 = "RSA2048"
+    RSA4096 = "RSA4096"
+
+
+def parse_host_port(value: str, *, default_host: str | None = None) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 as ``[::1]:53``); the port is mandatory."""
+    value = value.strip()
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        if default_host is None:
+            raise ValueError(f"expected host:port, got {value!r}")
+        host = default_host
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port must be a number in {value!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, port
+
+
+def decode_encryption_key(value: str) -> bytes:
+    """Decode a standard-base64 AES-256 key, insisting on exactly 32 bytes."""
+    try:
+        raw = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("must be standard base64") from None
+    if len(raw) != 32:
+        raise ValueError(f"must decode to 32 bytes, got {len(raw)}")
+    return raw
+
+
+class ClientSettings(BaseSettings):
+    """What a client of certflow (starter.py, a product backend) needs."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    database_url: str
+    temporal_address: str = "localhost:7233"
+    temporal_namespace: str = "default"
+    task_queue: str = "certflow"
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str) -> str:
+        value = value.strip()
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("temporal_address")
+    @classmethod
+    def _temporal_host_port(cls, value: str) -> str:
+        parse_host_port(value)
+        return value.strip()
+
+
+class Settings(ClientSettings):
+    """Everything the worker is configured with."""
+
+    acme_directory_url: str
+    acme_email: str | None = None
+    acme_ca_bundle: Path | None = None
+    acme_key_type: KeyType = KeyType.EC256
+
+    encryption_key: SecretStr
+
+    cname_target: str
+    caa_issuer_domain: str = "letsencrypt.org"
+    dns_resolver: str
+    managed_base_domain: str | None = None
+    http01_listen: str = "0.0.0.0:80"
+
+    # Provisioning policy, handed to workflows through an activity result so
+    # that operators tune it here and histories replay unchanged.
+    dns_recheck_initial_seconds: float = Field(default=60.0, gt=0)
+    dns_recheck_max_seconds: float = Field(default=3600.0, gt=0)
+    failure_backoff_initial_seconds: float = Field(default=900.0, gt=0)
+    failure_backoff_max_seconds: float = Field(default=4 * 3600.0, gt=0)
+    order_fast_poll_seconds: float = Field(default=8.0, gt=0)
+    failed_retry_seconds: float = Field(default=86400.0, ge=0)
+
+    @field_validator("acme_directory_url", "cname_target")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value.strip()
+
+    @field_validator("acme_directory_url")
+    @classmethod
+    def _https_url(cls, value: str) -> str:
+        if not value.startswith(("https://", "http://")):
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value
+
+    @field_validator("encryption_key")
+    @classmethod
+    def _valid_key(cls, value: SecretStr) -> SecretStr:
+        decode_encryption_key(value.get_secret_value())
+        return value
+
+    @field_validator("acme_ca_bundle")
+    @classmethod
+    def _readable_bundle(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        try:
+            text = value.read_text()
+        except OSError as err:
+            raise ValueError(f"cannot read {str(value)!r}: {err.strerror}") from None
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise ValueError(f"{str(value)!r} holds no PEM certificate")
+        return value
+
+    @field_validator("dns_resolver", "http01_listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        parse_host_port(value)
+        return value.strip()
+
+    @field_validator("cname_target", "caa_issuer_domain", "managed_base_domain")
+    @classmethod
+    def _domain(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return value.strip().lower().rstrip(".")
+
+    def provisioning_policy(self) -> ProvisioningPolicy:
+        return ProvisioningPolicy(
+            dns_recheck_initial_seconds=self.dns_recheck_initial_seconds,
+            dns_recheck_max_seconds=self.dns_recheck_max_seconds,
+            failure_backoff_initial_seconds=self.failure_backoff_initial_seconds,
+            failure_backoff_max_seconds=self.failure_backoff_max_seconds,
+            order_fast_poll_seconds=self.order_fast_poll_seconds,
+            failed_retry_seconds=self.failed_retry_seconds,
+        )
+
+    @property
+    def encryption_key_bytes(self) -> bytes:
+        return decode_encryption_key(self.encryption_key.get_secret_value())
+
+    @property
+    def dns_resolver_address(self) -> tuple[str, int]:
+        return parse_host_port(self.dns_resolver)
+
+    @property
+    def http01_address(self) -> tuple[str, int]:
+        return parse_host_port(self.http01_listen, default_host="0.0.0.0")
+
+
+def load_settings(kind: type[S] = Settings, **overrides: object) -> S:  # type: ignore[assignment]
+    """Read settings from the environment; raise ConfigError naming the first bad variable."""
+    try:
+        return kind(**overrides)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        variable = ENV_PREFIX + field.upper()
+        if first["type"] == "missing":
+            raise ConfigError(f"{variable} is not set") from None
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"{variable}: {message}") from None

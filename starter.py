@@ -1,0 +1,234 @@
+"""certflow's client: a CLI for operators and product backends, and a small async API.
+
+    python starter.py request HOST... [--tenant T] [--wait SECONDS]
+    python starter.py status HOST [--json]
+    python starter.py migrate
+    python starter.py demo [--exit]
+
+``CertflowClient`` is the same thing as a library: it validates hostnames,
+upserts the certificate rows and starts (or finds) one workflow per hostname.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
+
+from certflow import certificates
+from certflow.db import create_pool, migrate
+from certflow.errors import ConfigError
+from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.models import (
+    WORKFLOW_TYPE,
+    CertificateInput,
+    CertificateState,
+    CertificateStatus,
+    workflow_id_for,
+)
+from certflow.settings import ClientSettings, load_settings
+
+
+@dataclass
+class CertificateStatusReport:
+    """What ``status`` shows: the row (system of record) plus the workflow's view."""
+
+    hostname: str
+    status: str
+    error_code: str | None
+    error_message: str | None
+    retry_count: int
+    expires_at: datetime | None
+    serial: str | None
+    workflow_id: str
+    phase: str | None = None
+    next_attempt_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            key: value.isoformat() if isinstance(value, datetime) else value
+            for key, value in self.__dict__.items()
+        }
+
+
+class CertflowClient:
+    """Request certificates and read their status."""
+
+    def __init__(self, pool: asyncpg.Pool, temporal: Client, task_queue: str) -> None:
+        self.pool = pool
+        self.temporal = temporal
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(cls, settings: ClientSettings) -> CertflowClient:
+        pool = await create_pool(settings.database_url, max_size=4)
+        temporal = await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+        )
+        return cls(pool, temporal, settings.task_queue)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def request(
+        self, hostnames: Sequence[str], tenant_id: str | None = None
+    ) -> list[str]:
+        """Validate every hostname first (one bad name writes nothing), then upsert
+        each row and start its workflow, or find the one already running."""
+        normalized = [normalize_hostname(h) for h in hostnames]
+        for hostname in dict.fromkeys(normalized):
+            await certificates.request_certificate(self.pool, hostname, tenant_id)
+            await self.temporal.start_workflow(
+                WORKFLOW_TYPE,
+                CertificateInput(hostname=hostname, tenant_id=tenant_id),
+                id=workflow_id_for(hostname),
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            )
+        return list(dict.fromkeys(normalized))
+
+    def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
+        return self.temporal.get_workflow_handle(workflow_id_for(hostname))
+
+    async def status(self, hostname: str) -> CertificateStatusReport | None:
+        hostname = normalize_hostname(hostname)
+        row = await certificates.certificate_summary(self.pool, hostname)
+        if row is None:
+            return None
+        report = CertificateStatusReport(
+            hostname=row["hostname"],
+            status=row["status"],
+            error_code=row["error_code"],
+            error_message=row["error_message"],
+            retry_count=row["retry_count"],
+            expires_at=row["expires_at"],
+            serial=row["serial"],
+            workflow_id=workflow_id_for(hostname),
+        )
+        try:
+            state = await self.handle(hostname).query("status", result_type=CertificateState)
+        except RPCError:
+            return report  # no workflow (or none running): the row says it all
+        report.phase = state.phase
+        report.next_attempt_at = state.next_attempt_at
+        return report
+
+    async def wait(
+        self, hostnames: Sequence[str], timeout: float, poll_interval: float = 0.2
+    ) -> dict[str, CertificateStatusReport | None]:
+        """Wait until each hostname is ACTIVE or carries an error code (or timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reports = {h: await self.status(h) for h in hostnames}
+            settled = all(
+                r is not None and (r.status == CertificateStatus.ACTIVE or r.error_code)
+                for r in reports.values()
+            )
+            if settled or time.monotonic() >= deadline:
+                return reports
+            await asyncio.sleep(poll_interval)
+
+
+def _print_table(reports: Sequence[CertificateStatusReport | None], hostnames: Sequence[str]) -> None:
+    rows = [("HOSTNAME", "STATUS", "EXPIRES", "ERROR")]
+    for hostname, r in zip(hostnames, reports):
+        if r is None:
+            rows.append((hostname, "UNKNOWN", "", ""))
+        else:
+            expires = r.expires_at.strftime("%Y-%m-%d %H:%M UTC") if r.expires_at else ""
+            error = f"{r.error_code}: {r.error_message}" if r.error_code else ""
+            rows.append((r.hostname, r.status, expires, error))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(col.ljust(w) for col, w in zip(row, widths)) + "  " + row[3])
+
+
+async def _cli(args: argparse.Namespace) -> int:
+    settings = load_settings(ClientSettings)
+    if args.command == "migrate":
+        pool = await create_pool(settings.database_url, max_size=1)
+        try:
+            applied = await migrate(pool)
+        finally:
+            await pool.close()
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        return 0
+    client = await CertflowClient.connect(settings)
+    try:
+        if args.command == "request":
+            hostnames = await client.request(args.hostnames, tenant_id=args.tenant)
+            for hostname in hostnames:
+                print(f"requested {hostname} (workflow {workflow_id_for(hostname)})")
+            if args.wait is None:
+                return 0
+            reports = await client.wait(hostnames, args.wait)
+            _print_table(list(reports.values()), hostnames)
+            return 0 if all(r and r.status == "ACTIVE" for r in reports.values()) else 1
+        if args.command == "status":
+            report = await client.status(args.hostname)
+            if report is None:
+                print(f"certflow: no certificate for {args.hostname}", file=sys.stderr)
+                return 1
+            if args.json:
+                print(json.dumps(report.to_json(), indent=2))
+            else:
+                _print_table([report], [report.hostname])
+                if report.phase:
+                    print(f"phase: {report.phase}")
+            return 0
+    finally:
+        await client.close()
+    raise AssertionError(args.command)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="starter.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    request = sub.add_parser("request", help="request certificates for hostnames")
+    request.add_argument("hostnames", nargs="+", metavar="HOST")
+    request.add_argument("--tenant", help="opaque tenant id stored with the row")
+    request.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait until ACTIVE or an error; exit 0 only if all ACTIVE"
+    )
+    status = sub.add_parser("status", help="show a certificate's status")
+    status.add_argument("hostname", metavar="HOST")
+    status.add_argument("--json", action="store_true")
+    sub.add_parser("migrate", help="apply database migrations")
+    demo = sub.add_parser("demo", help="run everything locally and issue three demo certificates")
+    demo.add_argument("--exit", action="store_true", help="stop after printing the table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "demo":
+        from certflow.demo import run_demo
+
+        return run_demo(keep_running=not args.exit)
+    try:
+        return asyncio.run(_cli(args))
+    except ConfigError as err:
+        print(f"certflow: configuration error: {err}", file=sys.stderr)
+        return 2
+    except InvalidHostnameError as err:
+        print(f"certflow: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""A running certflow deployment for end-to-end tests: a worker process wired to
+the session's real Postgres, Temporal dev server, Pebble and challtestsrv."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from certflow import devstack
+from certflow.crypto import EncryptionKey
+from certflow.db import create_pool, migrate
+from certflow.settings import ClientSettings
+from starter import CertflowClient
+
+CNAME_TARGET = "edge.saas.test"
+
+
+@dataclass
+class Deployment:
+    pebble: devstack.PebbleStack
+    temporal: devstack.TemporalDevServer
+    database_url: str
+    env: dict[str, str]
+    worker: devstack.WorkerProcess
+    encryption_key: EncryptionKey
+
+    def hostname(self, label: str = "shop") -> str:
+        """A unique hostname whose CNAME already points at the edge."""
+        host = self.bare_hostname(label)
+        self.pebble.set_cname(host, CNAME_TARGET)
+        return host
+
+    def bare_hostname(self, label: str = "shop") -> str:
+        """A unique hostname with no DNS set up."""
+        return f"{label}.c{uuid.uuid4().hex[:10]}.test"
+
+
+@pytest.fixture(scope="session")
+def deployment(
+    pebble: devstack.PebbleStack,
+    temporal: devstack.TemporalDevServer,
+    new_database: Callable[[], str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployment]:
+    database_url = new_database()
+    raw_key = secrets.token_bytes(32)
+    env = devstack.certflow_environment(
+        pebble=pebble,
+        temporal_address=temporal.address,
+        database_url=database_url,
+        encryption_key=base64.b64encode(raw_key).decode(),
+        cname_target=CNAME_TARGET,
+        task_queue=f"certflow-e2e-{uuid.uuid4().hex[:6]}",
+        extra={
+            "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
+            "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
+            "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
+            "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "4",
+        },
+    )
+    workdir: Path = tmp_path_factory.mktemp("e2e-worker")
+    worker = devstack.start_worker(workdir, env)
+    try:
+        yield Deployment(pebble, temporal, database_url, env, worker, EncryptionKey(raw_key))
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+async def client(deployment: Deployment) -> AsyncIterator[CertflowClient]:
+    c = await CertflowClient.connect(
+        ClientSettings(
+            database_url=deployment.database_url,
+            temporal_address=deployment.temporal.address,
+            task_queue=deployment.env["CERTFLOW_TASK_QUEUE"],
+        )
+    )
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture(scope="session")
+async def db(deployment: Deployment) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(deployment.database_url, max_size=2)
+    await migrate(pool)
+    try:
+        yield pool
+    finally:
+        await pool.close()

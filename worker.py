@@ -1,0 +1,139 @@
+"""The certflow worker: Temporal workflow and activity workers plus the HTTP-01 responder.
+
+Connects to Postgres (applying migrations) and Temporal, makes sure the ACME
+account exists, then runs until SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.acme_client import AcmeClients, ensure_account
+from activities.acme_orders import AcmeActivities
+from activities.dns_checks import DnsActivities, DnsChecker
+from activities.records import RecordActivities
+from certflow.crypto import DecryptionError, EncryptionKey
+from certflow.db import create_pool, migrate
+from certflow.errors import ConfigError
+from certflow.responder import ChallengeResponder, bind_listener, responder_server
+from certflow.settings import Settings, load_settings
+from workflows.certificate import CertificateWorkflow
+
+log = logging.getLogger("certflow.worker")
+
+MAX_CONCURRENT_ACTIVITIES = 200
+ACME_THREADS = 32
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+    """Run until stop is set; raises ConfigError for problems an operator must fix."""
+    pool = await create_pool(settings.database_url, max_size=20)
+    try:
+        await migrate(pool)
+        encryption_key = EncryptionKey(settings.encryption_key_bytes)
+        verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
+        try:
+            account = await ensure_account(
+                pool, settings.acme_directory_url, settings.acme_email, encryption_key, verify
+            )
+        except DecryptionError as err:
+            raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+        client = await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+        )
+        executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
+        acme = AcmeActivities(
+            AcmeClients(account), pool, encryption_key, settings.acme_key_type, executor
+        )
+        records = RecordActivities(
+            pool, settings.provisioning_policy(), settings.managed_base_domain
+        )
+        host, port = settings.dns_resolver_address
+        dns = DnsActivities(
+            DnsChecker(
+                resolver=f"{host}:{port}",
+                cname_target=settings.cname_target,
+                caa_issuer_domain=settings.caa_issuer_domain,
+            )
+        )
+        worker = Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[CertificateWorkflow],
+            activities=[
+                records.ensure_certificate,
+                records.persist_challenge,
+                records.record_failure,
+                records.reopen_failed,
+                dns.check_dns,
+                acme.create_order,
+                acme.accept_challenge,
+                acme.wait_for_order,
+                acme.finalize_and_store,
+            ],
+            max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+        )
+        http_host, http_port = settings.http01_address
+        try:
+            listener = bind_listener(http_host, http_port)
+        except OSError as err:
+            raise ConfigError(
+                f"CERTFLOW_HTTP01_LISTEN: cannot listen on {settings.http01_listen}: {err.strerror}"
+            ) from None
+        responder = responder_server(ChallengeResponder(pool), http_host, http_port)
+        responder_task = asyncio.create_task(
+            responder.serve(sockets=[listener]), name="http01-responder"
+        )
+        log.info(
+            "worker started",
+            extra={"task_queue": settings.task_queue, "http01": settings.http01_listen},
+        )
+        try:
+            async with worker:
+                stopped = asyncio.create_task(stop.wait())
+                done, _ = await asyncio.wait(
+                    {stopped, responder_task}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if responder_task in done and not stop.is_set():
+                    responder_task.result()
+                    raise RuntimeError("the HTTP-01 responder stopped unexpectedly")
+        finally:
+            responder.should_exit = True
+            await asyncio.gather(responder_task, return_exceptions=True)
+            executor.shutdown(wait=False, cancel_futures=True)
+        log.info("worker stopped")
+    finally:
+        await pool.close()
+
+
+async def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = load_settings()
+    except ConfigError as err:
+        print(f"certflow: configuration error: {err}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await run_worker(settings, stop)
+    except ConfigError as err:
+        print(f"certflow: configuration error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
