@@ -1,0 +1,206 @@
+"""End to end: a worker process, real Postgres, Temporal dev server, Pebble and challtestsrv."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import asyncpg
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.verification import PolicyBuilder, Store
+
+from certflow.crypto import load_private_key, public_key_matches
+from starter import CertflowClient
+from tests.e2e.conftest import Deployment
+
+pytestmark = pytest.mark.e2e
+
+WAIT = 60.0
+
+
+async def _row(db: asyncpg.Pool, hostname: str) -> asyncpg.Record:
+    row = await db.fetchrow("SELECT * FROM certificates WHERE hostname = $1", hostname)
+    assert row is not None, f"no row for {hostname}"
+    return row
+
+
+def _verify_chain(leaf_pem: str, chain_pem: str, root_pem: str, hostname: str) -> None:
+    root = x509.load_pem_x509_certificate(root_pem.encode())
+    leaf = x509.load_pem_x509_certificate(leaf_pem.encode())
+    intermediates = x509.load_pem_x509_certificates(chain_pem.encode()) if chain_pem else []
+    verifier = PolicyBuilder().store(Store([root])).build_server_verifier(x509.DNSName(hostname))
+    verifier.verify(leaf, intermediates)  # raises VerificationError when it does not chain
+
+
+async def _wait_for(
+    client: CertflowClient, hostname: str, predicate: object, timeout: float = WAIT
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        report = await client.status(hostname)
+        if report is not None and predicate(report):  # type: ignore[operator]
+            return report
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{hostname}: condition not reached; last status {report}")
+        await asyncio.sleep(0.1)
+
+
+async def test_three_hostnames_become_active_with_verified_chains_and_matching_keys(
+    deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
+) -> None:
+    hostnames = [deployment.hostname(label) for label in ("shop", "trust", "www")]
+    await client.request(hostnames, tenant_id="tenant-1")
+    reports = await client.wait(hostnames, WAIT)
+    assert {h: r.status if r else None for h, r in reports.items()} == dict.fromkeys(
+        hostnames, "ACTIVE"
+    )
+    root_pem = deployment.pebble.root_pem()
+    for hostname in hostnames:
+        row = await _row(db, hostname)
+        assert row["tenant_id"] == "tenant-1"
+        assert row["http_order_url"] is None and row["http_challenge_token"] is None
+        assert row["pending_private_key"] is None
+        _verify_chain(row["ssl_certificate"], row["ssl_certificate_chain"], root_pem, hostname)
+        key = load_private_key(deployment.encryption_key.decrypt(bytes(row["encrypted_ssl_private_key"])))
+        assert public_key_matches(row["ssl_certificate"], key)
+        leaf = x509.load_pem_x509_certificate(row["ssl_certificate"].encode())
+        assert leaf.not_valid_after_utc == row["ssl_expires_at"]
+
+
+async def test_requesting_again_reuses_the_running_workflow(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    hostname = deployment.bare_hostname("again")  # no CNAME: the workflow keeps running
+    await client.request([hostname])
+    first = await client.handle(hostname).describe()
+    await client.request([hostname.upper() + "."])
+    second = await client.handle(hostname).describe()
+    assert first.run_id == second.run_id
+
+
+async def test_missing_cname_waits_pending_then_issues_once_fixed(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    hostname = deployment.bare_hostname("nocname")
+    await client.request([hostname])
+    report = await _wait_for(client, hostname, lambda r: r.error_code == "DNS_CNAME")
+    assert report.status == "PENDING"  # type: ignore[attr-defined]
+    assert "has no CNAME" in report.error_message  # type: ignore[attr-defined]
+    assert report.retry_count == 0  # type: ignore[attr-defined]
+
+    deployment.pebble.set_cname(hostname, "elsewhere.other.test")
+    report = await _wait_for(
+        client, hostname, lambda r: "elsewhere.other.test" in (r.error_message or "")
+    )
+    assert report.status == "PENDING"  # type: ignore[attr-defined]
+
+    deployment.pebble.set_cname(hostname, "edge.saas.test")
+    report = await _wait_for(client, hostname, lambda r: r.status == "ACTIVE")
+    assert report.error_code is None  # type: ignore[attr-defined]
+
+
+async def test_caa_naming_another_ca_is_dns_caa(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    hostname = deployment.hostname("caa")
+    # The customer's zone apex carries the CAA set (the hostname itself is a CNAME).
+    deployment.pebble.add_caa(hostname.split(".", 1)[1], [("issue", "other-ca.example")])
+    await client.request([hostname])
+    report = await _wait_for(client, hostname, lambda r: r.error_code is not None)
+    assert report.error_code == "DNS_CAA"  # type: ignore[attr-defined]
+    assert report.status == "PENDING"  # type: ignore[attr-defined]
+    assert "other-ca.example" in report.error_message  # type: ignore[attr-defined]
+
+
+async def test_no_key_material_in_histories_or_certificates_table(
+    deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
+) -> None:
+    hostname = deployment.hostname("secret")
+    await client.request([hostname])
+    await _wait_for(client, hostname, lambda r: r.status == "ACTIVE")
+
+    rows = await db.fetch("SELECT * FROM certificates WHERE encrypted_ssl_private_key IS NOT NULL")
+    assert rows
+    secrets: list[bytes] = []
+    for row in rows:
+        key = load_private_key(deployment.encryption_key.decrypt(bytes(row["encrypted_ssl_private_key"])))
+        der = key.private_bytes(
+            serialization.Encoding.DER,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        pem_body = b"".join(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            ).splitlines()[1:-1]
+        )
+        secrets += [der.hex().encode(), pem_body[:40]]
+
+    table_dump = "\n".join(
+        r["line"] for r in await db.fetch("SELECT row_to_json(c)::text AS line FROM certificates c")
+    ).encode()
+    account_dump = "\n".join(
+        r["line"] for r in await db.fetch("SELECT row_to_json(a)::text AS line FROM acme_accounts a")
+    ).encode()
+
+    histories = []
+    async for execution in client.temporal.list_workflows():
+        history = await client.temporal.get_workflow_handle(execution.id).fetch_history()
+        histories.append(history.to_json().encode())
+    assert len(histories) >= len(rows)
+
+    for blob in [table_dump, account_dump, *histories]:
+        assert b"PRIVATE KEY" not in blob
+        for secret in secrets:
+            assert secret not in blob
+
+
+async def test_time_to_active_for_one_hostname(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    """The figure quoted in the README: request → ACTIVE, median of 5 (printed)."""
+    durations = []
+    for _ in range(5):
+        hostname = deployment.hostname("timed")
+        started = time.monotonic()
+        await client.request([hostname])
+        await _wait_for(client, hostname, lambda r: r.status == "ACTIVE")
+        durations.append(time.monotonic() - started)
+    median = statistics.median(durations)
+    print(
+        f"\ntime from request to ACTIVE (5 runs): median {median * 1000:.0f} ms, "
+        f"min {min(durations) * 1000:.0f} ms, max {max(durations) * 1000:.0f} ms"
+    )
+    assert len(durations) == 5
+
+
+async def test_worker_killed_after_challenge_persisted_still_ends_active(
+    deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
+) -> None:
+    hostname = deployment.hostname("crash")
+    await client.request([hostname])
+    deadline = time.monotonic() + WAIT
+    while True:
+        status = await db.fetchval("SELECT status FROM certificates WHERE hostname = $1", hostname)
+        if status == "PROVISIONING":
+            break  # the challenge is persisted; nothing is stored yet
+        assert status in (None, "PENDING"), f"missed the window: {status}"
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.002)
+    deployment.worker.kill()
+    assert await db.fetchval("SELECT ssl_certificate FROM certificates WHERE hostname = $1", hostname) is None
+    deployment.worker.start()
+
+    report = await _wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=120)
+    row = await _row(db, hostname)
+    key = load_private_key(deployment.encryption_key.decrypt(bytes(row["encrypted_ssl_private_key"])))
+    assert public_key_matches(row["ssl_certificate"], key)
+    assert row["pending_private_key"] is None
+    count = await db.fetchval("SELECT count(*) FROM certificates WHERE hostname = $1", hostname)
+    assert count == 1
+    print(f"\nafter SIGKILL: ACTIVE with serial {row['ssl_serial']}, retry_count {report.retry_count}")  # type: ignore[attr-defined]
