@@ -236,8 +236,10 @@ def _answers(call: Callable[[], object]) -> bool:
 # -------------------------------------------------------------------------- pebble
 
 
-def _write_tls_files(workdir: Path) -> tuple[Path, Path, Path]:
-    """Create a throwaway CA and a leaf for 127.0.0.1/localhost.
+def write_tls_files(
+    workdir: Path, names: tuple[str, ...] = ("localhost",)
+) -> tuple[Path, Path, Path]:
+    """Create a throwaway CA and a leaf for 127.0.0.1 and names (Pebble's own TLS).
 
     Returns (ca_bundle, cert chain, private key). A real CA + leaf (rather than
     one self-signed leaf) keeps strict TLS clients happy.
@@ -286,7 +288,7 @@ def _write_tls_files(workdir: Path) -> tuple[Path, Path, Path]:
         .not_valid_after(end)
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                [*(x509.DNSName(n) for n in names), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
             ),
             critical=False,
         )
@@ -446,7 +448,7 @@ def start_pebble(
     )
 
     try:
-        ca_bundle, cert_file, key_file = _write_tls_files(workdir)
+        ca_bundle, cert_file, key_file = write_tls_files(workdir)
         acme_port, mgmt_port = ca_port or free_port(), free_port()
         _require_free("pebble", acme_port)
         http01_port, tls_port = free_port(), free_port()
@@ -719,3 +721,31 @@ def start_worker(
     worker = WorkerProcess(process, port)
     worker.start(timeout)
     return worker
+
+
+if __name__ == "__main__":
+    # `python -m certflow.devstack pebble-tls DIR NAME...`: TLS files for a Pebble
+    # container (docker-compose), generated at run time rather than committed.
+    if len(sys.argv) >= 3 and sys.argv[1] == "pebble-tls":
+        out = Path(sys.argv[2])
+        out.mkdir(parents=True, exist_ok=True)
+        ca, cert, key = write_tls_files(out, tuple(sys.argv[3:]) or ("localhost",))
+        config = {
+            "pebble": {
+                "listenAddress": "0.0.0.0:14000",
+                "managementListenAddress": "0.0.0.0:15000",
+                "certificate": str(cert),
+                "privateKey": str(key),
+                "httpPort": 5002,
+                "tlsPort": 5001,
+                "ocspResponderURL": "",
+                "externalAccountBindingRequired": False,
+            }
+        }
+        (out / "pebble-config.json").write_text(json.dumps(config, indent=2))
+        for path in (ca, cert, key):
+            path.chmod(0o644)  # read by the Pebble container's own user
+        print(f"wrote Pebble TLS files and config to {out}")
+    else:
+        print("usage: python -m certflow.devstack pebble-tls DIR NAME...", file=sys.stderr)
+        sys.exit(2)
