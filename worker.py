@@ -119,7 +119,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 async def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        settings = load_settings()
+        settings: Settings = load_settings()
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
         return 2

@@ -17,7 +17,9 @@ from typing import Any, Iterator
 from contextlib import contextmanager
 
 import asyncpg
-import josepy as jose
+from josepy.b64 import b64encode
+from josepy.jwa import ES256
+from josepy.jwk import JWKEC
 import requests
 from acme import client as acme_client
 from acme import errors as acme_errors
@@ -73,8 +75,8 @@ class AcmeNetwork(acme_client.ClientNetwork):
         try:
             return super()._check_response(response, content_type=content_type)
         except messages.Error as err:
-            err.http_status = response.status_code  # type: ignore[attr-defined]
-            err.retry_after = response.headers.get("Retry-After")  # type: ignore[attr-defined]
+            err.http_status = response.status_code
+            err.retry_after = response.headers.get("Retry-After")
             raise
         except acme_errors.ConflictError:
             raise
@@ -147,17 +149,18 @@ class AcmeAccount:
 
     directory_url: str
     account_url: str
-    key: jose.JWKEC
+    key: JWKEC
     directory_json: dict[str, Any]
     verify: str | bool
 
 
-def _account_network(key: jose.JWKEC, verify: str | bool) -> AcmeNetwork:
-    return AcmeNetwork(key, alg=jose.ES256, verify_ssl=verify, user_agent=USER_AGENT)  # type: ignore[arg-type]
+def _account_network(key: JWKEC, verify: str | bool) -> AcmeNetwork:
+    # requests accepts a CA bundle path where acme's signature says bool.
+    return AcmeNetwork(key, alg=ES256, verify_ssl=verify, user_agent=USER_AGENT, timeout=15)  # type: ignore[arg-type]
 
 
 def _register(
-    directory_url: str, key: jose.JWKEC, email: str | None, verify: str | bool
+    directory_url: str, key: JWKEC, email: str | None, verify: str | bool
 ) -> tuple[str, dict[str, Any]]:
     """Register the key (or find its existing account); returns URL and directory JSON."""
     net = _account_network(key, verify)
@@ -202,7 +205,7 @@ async def ensure_account(
                     serialization.PrivateFormat.PKCS8,
                     serialization.NoEncryption(),
                 )
-            key = jose.JWKEC(key=private)
+            key = JWKEC(key=private)
             # Registering an existing key only returns its URL, so this also
             # re-registers after the CA lost the account (a restarted Pebble).
             account_url, directory_json = await asyncio.to_thread(
@@ -256,5 +259,5 @@ class AcmeClients:
         return str(self.account.directory_json["newNonce"])
 
     def key_authorization(self, token: str) -> str:
-        thumbprint = jose.b64encode(self.account.key.thumbprint()).decode()
+        thumbprint = b64encode(self.account.key.thumbprint()).decode()
         return f"{token}.{thumbprint}"

@@ -52,7 +52,8 @@ async def ensure_certificate(
 
 
 async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: OpenedOrder) -> bool:
-    """Record the open order and move PENDING → PROVISIONING (RENEWING stays RENEWING).
+    """Record the open order and move PENDING → PROVISIONING (a renewal, RENEWING or
+    EXPIRED, keeps its status).
 
     Committed before the challenge is accepted, so the responder can answer the
     CA's first request. Returns False when the row vanished or moved on.
@@ -60,13 +61,14 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
     result = await pool.fetchval(
         """
         UPDATE certificates SET
-            status = CASE WHEN status = 'RENEWING' THEN 'RENEWING' ELSE 'PROVISIONING' END,
+            status = CASE WHEN status IN ('RENEWING', 'EXPIRED') THEN status
+                          ELSE 'PROVISIONING' END,
             http_challenge_token = $2, http_challenge_key_auth = $3,
             http_challenge_url = $4, http_order_url = $5,
             provisioning_error = NULL, provisioning_error_message = NULL,
             ssl_last_attempt_at = now(), updated_at = now()
         WHERE id = $1::uuid
-          AND (status IN ('PENDING', 'RENEWING') AND http_order_url IS NULL
+          AND (status IN ('PENDING', 'RENEWING', 'EXPIRED') AND http_order_url IS NULL
                OR http_order_url = $5)
         RETURNING true
         """,

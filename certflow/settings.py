@@ -10,7 +10,7 @@ import base64
 import binascii
 from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -182,7 +182,7 @@ class Settings(ClientSettings):
         return parse_host_port(self.http01_listen, default_host="0.0.0.0")
 
 
-def load_settings(kind: type[S] = Settings, **overrides: object) -> S:  # type: ignore[assignment]
+def load_settings(kind: type[S] = Settings, **overrides: Any) -> S:  # type: ignore[assignment]
     """Read settings from the environment; raise ConfigError naming the first bad variable."""
     try:
         return kind(**overrides)

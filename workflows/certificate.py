@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -45,12 +46,23 @@ with workflow.unsafe.imports_passed_through():
         order_poll_delay,
     )
 
+T = TypeVar("T")
+
 _NOT_RETRYABLE = [str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY]
 
+@dataclass(frozen=True)
+class _Step:
+    """Timeouts and retry policy of one kind of activity."""
+
+    start_to_close: timedelta
+    retry: RetryPolicy
+    heartbeat: timedelta | None = None
+
+
 # Postgres steps retry until Postgres is back: nothing is decided by their failure.
-_POSTGRES = dict(
-    start_to_close_timeout=timedelta(seconds=30),
-    retry_policy=RetryPolicy(
+_POSTGRES = _Step(
+    timedelta(seconds=30),
+    RetryPolicy(
         initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
     ),
 )
@@ -62,9 +74,22 @@ _CA_RETRY = RetryPolicy(
     maximum_attempts=4,
     non_retryable_error_types=_NOT_RETRYABLE,
 )
-_DNS = dict(start_to_close_timeout=timedelta(seconds=45), retry_policy=_CA_RETRY)
-_CA = dict(start_to_close_timeout=timedelta(seconds=60), retry_policy=_CA_RETRY)
-_CA_WAIT = dict(heartbeat_timeout=timedelta(seconds=15), retry_policy=_CA_RETRY)
+_DNS = _Step(timedelta(seconds=60), _CA_RETRY)
+# Single CA exchanges: short, so a worker killed mid-call is noticed quickly.
+_CA = _Step(timedelta(seconds=20), _CA_RETRY)
+_FINALIZE = _Step(timedelta(seconds=90), _CA_RETRY, heartbeat=timedelta(seconds=10))
+
+
+async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
+    result: T = await workflow.execute_activity(
+        activity,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=step.start_to_close,
+        heartbeat_timeout=step.heartbeat,
+        retry_policy=step.retry,
+    )
+    return result
 
 
 class _AttemptFailed(Exception):
@@ -77,7 +102,7 @@ class _AttemptFailed(Exception):
 
 def _failure_of(err: ActivityError) -> _AttemptFailed:
     cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type in ErrorCode.__members__:
+    if isinstance(cause, ApplicationError) and cause.type and cause.type in ErrorCode.__members__:
         details: dict[str, Any] = {}
         if cause.details and isinstance(cause.details[0], dict):
             details = cause.details[0]
@@ -104,11 +129,11 @@ class CertificateWorkflow:
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
         self._hostname = input.hostname
-        ensured: EnsureCertificateResult = await workflow.execute_activity(
+        ensured = await _run(
+            _POSTGRES,
             "ensure_certificate",
             EnsureCertificateInput(hostname=input.hostname, tenant_id=input.tenant_id),
-            result_type=EnsureCertificateResult,
-            **_POSTGRES,  # type: ignore[arg-type]
+            EnsureCertificateResult,
         )
         self._record = ensured.record
         policy = ensured.policy
@@ -121,6 +146,7 @@ class CertificateWorkflow:
             if self._record.status is CertificateStatus.FAILED:
                 await self._wait_failed(policy)
                 if not await self._reopen_failed():
+                    self._phase = "done"
                     return self._state()
             try:
                 issued = await self._issue(self._record, policy)
@@ -152,21 +178,16 @@ class CertificateWorkflow:
             if order_url is None:
                 if not record.skips_dns:
                     self._phase = "checking DNS"
-                    await workflow.execute_activity(
-                        "check_dns", CheckDnsInput(hostname=record.hostname), **_DNS  # type: ignore[arg-type]
-                    )
+                    await _run(_DNS, "check_dns", CheckDnsInput(hostname=record.hostname), type(None))
                 self._phase = "creating order"
-                order: OpenedOrder = await workflow.execute_activity(
-                    "create_order",
-                    CreateOrderInput(hostname=record.hostname),
-                    result_type=OpenedOrder,
-                    **_CA,  # type: ignore[arg-type]
+                order = await _run(
+                    _CA, "create_order", CreateOrderInput(hostname=record.hostname), OpenedOrder
                 )
-                persisted: bool = await workflow.execute_activity(
+                persisted = await _run(
+                    _POSTGRES,
                     "persist_challenge",
                     PersistChallengeInput(certificate_id=record.certificate_id, order=order),
-                    result_type=bool,
-                    **_POSTGRES,  # type: ignore[arg-type]
+                    bool,
                 )
                 if not persisted:
                     raise _AttemptFailed(
@@ -177,33 +198,32 @@ class CertificateWorkflow:
                     update={
                         "order_url": order_url,
                         "challenge_url": challenge_url,
-                        "status": CertificateStatus.RENEWING
-                        if record.status is CertificateStatus.RENEWING
+                        "status": record.status
+                        if record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                         else CertificateStatus.PROVISIONING,
                         "error_code": None,
                         "error_message": None,
                     }
                 )
                 self._phase = "accepting challenge"
-                await workflow.execute_activity(
+                await _run(
+                    _CA,
                     "accept_challenge",
                     AcceptChallengeInput(challenge_url=challenge_url),
-                    **_CA,  # type: ignore[arg-type]
+                    type(None),
                 )
             await self._wait_for_order(order_url, challenge_url, policy)
             self._phase = "finalizing"
-            issued: IssuedCertificate = await workflow.execute_activity(
+            return await _run(
+                _FINALIZE,
                 "finalize_and_store",
                 FinalizeInput(
                     certificate_id=record.certificate_id,
                     hostname=record.hostname,
                     order_url=order_url,
                 ),
-                result_type=IssuedCertificate,
-                start_to_close_timeout=timedelta(seconds=90),
-                **_CA_WAIT,  # type: ignore[arg-type]
+                IssuedCertificate,
             )
-            return issued
         except ActivityError as err:
             raise _failure_of(err) from None
 
@@ -214,16 +234,19 @@ class CertificateWorkflow:
         attempt = 0
         while True:
             self._phase = "polling order"
-            progress: OrderProgress = await workflow.execute_activity(
+            progress = await _run(
+                _Step(
+                    timedelta(seconds=policy.order_fast_poll_seconds + 30),
+                    _CA_RETRY,
+                    heartbeat=timedelta(seconds=10),
+                ),
                 "wait_for_order",
                 WaitForOrderInput(
                     order_url=order_url,
                     challenge_url=challenge_url,
                     within_seconds=policy.order_fast_poll_seconds,
                 ),
-                result_type=OrderProgress,
-                start_to_close_timeout=timedelta(seconds=policy.order_fast_poll_seconds + 60),
-                **_CA_WAIT,  # type: ignore[arg-type]
+                OrderProgress,
             )
             if progress.status in ("ready", "valid"):
                 return
@@ -242,13 +265,13 @@ class CertificateWorkflow:
             failure.code,
             policy.max_failures,
         )
-        applied: bool = await workflow.execute_activity(
+        applied = await _run(
+            _POSTGRES,
             "record_failure",
             RecordFailureInput(
                 certificate_id=record.certificate_id, outcome=outcome, message=failure.message
             ),
-            result_type=bool,
-            **_POSTGRES,  # type: ignore[arg-type]
+            bool,
         )
         keep = outcome.keep_order
         self._record = record.model_copy(
@@ -272,7 +295,8 @@ class CertificateWorkflow:
             return
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
             self._phase = "waiting for the CA's rate limit to end"
-            await self._sleep(failure.retry_after or 0.0, interruptible=False)
+            # Retry-After 0 means "now", but a CA repeating it must not spin us.
+            await self._sleep(max(failure.retry_after or 0.0, 1.0), interruptible=False)
         elif failure.code in DNS_CODES:
             self._phase = "waiting for DNS to be fixed"
             await self._sleep(dns_recheck_delay(dns_failures, policy), interruptible=True)
@@ -292,9 +316,7 @@ class CertificateWorkflow:
     async def _reopen_failed(self) -> bool:
         record = self._record
         assert record is not None
-        reopened: bool = await workflow.execute_activity(
-            "reopen_failed", record.certificate_id, result_type=bool, **_POSTGRES  # type: ignore[arg-type]
-        )
+        reopened = await _run(_POSTGRES, "reopen_failed", record.certificate_id, bool)
         if reopened:
             self._record = record.model_copy(
                 update={"status": CertificateStatus.PENDING, "retry_count": 0}
@@ -318,7 +340,8 @@ class CertificateWorkflow:
             pass
         finally:
             self._next_attempt_at = None
-            self._retry_requested = False
+            if interruptible:
+                self._retry_requested = False
 
     def _state(self) -> CertificateState:
         record = self._record
@@ -349,7 +372,7 @@ class CertificateWorkflow:
 
     @workflow.update(name="retry")
     async def retry_update(self) -> CertificateState:
-        """Retry now, answered with the state once the wait was cut short."""
+        """Retry now; answers the state as the request is taken (the wait ends right after)."""
         self._retry_requested = True
         return self._state()
 

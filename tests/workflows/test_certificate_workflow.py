@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 from temporalio import activity
@@ -129,6 +129,8 @@ class Call:
     at: datetime  # the test server's (virtual) clock when the activity ran
 
 
+T = TypeVar("T")
+
 # A behaviour gets the 0-based index of this call of that activity and its input;
 # it returns the result or raises.
 Behaviour = Callable[[int, Any], Awaitable[Any]]
@@ -148,13 +150,13 @@ class Fakes:
     def of(self, name: str) -> list[Call]:
         return [c for c in self.calls if c.name == name]
 
-    async def _step(self, name: str, arg: Any, default: Any) -> Any:
+    async def _step(self, name: str, arg: Any, default: T) -> T:
         index = len(self.of(name))
         self.calls.append(Call(name, arg, await self.env.get_current_time()))
         behaviour = self.behaviours.get(name)
         if behaviour is None:
             return default
-        return await behaviour(index, arg)
+        return cast(T, await behaviour(index, arg))
 
     def activities(self) -> list[Callable[..., Any]]:
         @activity.defn(name="ensure_certificate")
@@ -167,7 +169,7 @@ class Fakes:
 
         @activity.defn(name="check_dns")
         async def check_dns(input: CheckDnsInput) -> None:
-            return await self._step("check_dns", input, None)
+            await self._step("check_dns", input, None)
 
         @activity.defn(name="create_order")
         async def create_order(input: CreateOrderInput) -> OpenedOrder:
@@ -179,7 +181,7 @@ class Fakes:
 
         @activity.defn(name="accept_challenge")
         async def accept_challenge(input: AcceptChallengeInput) -> None:
-            return await self._step("accept_challenge", input, None)
+            await self._step("accept_challenge", input, None)
 
         @activity.defn(name="wait_for_order")
         async def wait_for_order(input: WaitForOrderInput) -> OrderProgress:
@@ -255,6 +257,10 @@ async def wait_for_phase(
             return state
         await asyncio.sleep(0.05)
     pytest.fail(f"workflow never reached {what}; last status: {state!r}")
+
+
+def in_dns_wait(state: CertificateState) -> bool:
+    return "DNS" in state.phase and state.next_attempt_at is not None
 
 
 def seconds_between(calls: list[Call]) -> list[float]:
@@ -400,7 +406,7 @@ async def test_retry_signal_cuts_the_dns_wait_short(workflow_env: WorkflowEnviro
         # Do NOT await the result yet: that would unlock time skipping and the
         # server would jump over the 3600 s wait at once. Until then the clock is
         # locked (runs in real time), so polling the query catches the wait.
-        waiting = await wait_for_phase(handle, lambda s: "DNS" in s.phase and s.next_attempt_at is not None, "the DNS wait")
+        waiting = await wait_for_phase(handle, in_dns_wait, "the DNS wait")
         assert waiting.status is CertificateStatus.PENDING
         assert waiting.error_code is ErrorCode.DNS_CNAME
         first_check = fakes.of("check_dns")[0].at
@@ -422,7 +428,7 @@ async def test_retry_update_cuts_the_dns_wait_short(workflow_env: WorkflowEnviro
         workflow_env, policy=policy, behaviours={"check_dns": fail_first(1, dns_cname_error)}
     )
     async with started(workflow_env, fakes) as handle:
-        await wait_for_phase(handle, lambda s: "DNS" in s.phase and s.next_attempt_at is not None, "the DNS wait")
+        await wait_for_phase(handle, in_dns_wait, "the DNS wait")
         answer = await handle.execute_update("retry", result_type=CertificateState)
         assert answer.status is CertificateStatus.PENDING
         result = await handle.result()
@@ -542,3 +548,39 @@ async def test_temporary_failures_exhaust_the_budget_then_retry_reopens(
     assert result.status is CertificateStatus.ACTIVE
     assert result.retry_count == 0 and result.error_code is None
     assert result.expires_at == NOT_AFTER
+
+
+async def test_retry_sent_during_an_attempt_that_polls_cuts_the_next_backoff(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    polling = asyncio.Event()
+    release = asyncio.Event()
+
+    async def pending_once(index: int, _: WaitForOrderInput) -> OrderProgress:
+        if index == 0:
+            polling.set()
+            await release.wait()
+            return OrderProgress(status="pending")  # -> a 1 s durable wait, then poll again
+        return OrderProgress(status="ready")
+
+    policy = FAST_POLICY.model_copy(update={"failure_backoff_initial_seconds": 3600})
+    fakes = Fakes(
+        workflow_env,
+        policy=policy,
+        behaviours={
+            "wait_for_order": pending_once,
+            "finalize_and_store": fail_first(1, acme_temporary_error, then=ISSUED),
+        },
+    )
+    async with started(workflow_env, fakes) as handle:
+        await asyncio.wait_for(polling.wait(), 15)
+        await handle.signal("retry")  # "retry now" during the attempt...
+        await wait_for_phase(handle, lambda s: s.phase == "polling order", "the signal applied")
+        release.set()
+        result = await handle.result()
+
+    finalizes = fakes.of("finalize_and_store")
+    assert len(finalizes) == 2
+    assert result.status is CertificateStatus.ACTIVE
+    # ...should end the 3600 s failure backoff that follows it at once.
+    assert (finalizes[1].at - finalizes[0].at) < timedelta(seconds=60), seconds_between(finalizes)

@@ -1,0 +1,59 @@
+"""The outcome table (SPEC §4), row by row, and the backoffs."""
+
+from __future__ import annotations
+
+import pytest
+
+from certflow.errors import ErrorCode
+from certflow.models import CertificateStatus as S
+from certflow.models import ProvisioningPolicy
+from workflows.policy import decide_outcome, dns_recheck_delay, failure_backoff, order_poll_delay
+
+E = ErrorCode
+
+
+@pytest.mark.parametrize(
+    ("status", "retries", "has_order", "code", "expected"),
+    [
+        # rate limit: budget untouched, open order kept (PROVISIONING), else PENDING
+        (S.PROVISIONING, 1, True, E.ACME_RATE_LIMITED, (S.PROVISIONING, 1, True, E.ACME_RATE_LIMITED)),
+        (S.PENDING, 2, False, E.ACME_RATE_LIMITED, (S.PENDING, 2, True, E.ACME_RATE_LIMITED)),
+        # DNS: PENDING, budget untouched, ACME state cleared
+        (S.PROVISIONING, 1, True, E.DNS_CNAME, (S.PENDING, 1, False, E.DNS_CNAME)),
+        (S.PENDING, 2, False, E.DNS_CAA, (S.PENDING, 2, False, E.DNS_CAA)),
+        # invalid order: +1, cleared, PENDING
+        (S.PROVISIONING, 0, True, E.ACME_INVALID_ORDER, (S.PENDING, 1, False, E.ACME_INVALID_ORDER)),
+        # temporary: +1, keeps the order when there is one
+        (S.PROVISIONING, 0, True, E.ACME_TEMPORARY, (S.PROVISIONING, 1, True, E.ACME_TEMPORARY)),
+        (S.PENDING, 1, False, E.ACME_TEMPORARY, (S.PENDING, 2, False, E.ACME_TEMPORARY)),
+        # the third failure: FAILED / ACME_FAILED, cleared
+        (S.PROVISIONING, 2, True, E.ACME_TEMPORARY, (S.FAILED, 3, False, E.ACME_FAILED)),
+        (S.PENDING, 2, False, E.ACME_INVALID_ORDER, (S.FAILED, 3, False, E.ACME_FAILED)),
+        # renewal keeps its status where a first issuance would be PENDING/PROVISIONING
+        (S.RENEWING, 0, True, E.ACME_TEMPORARY, (S.RENEWING, 1, True, E.ACME_TEMPORARY)),
+        (S.EXPIRED, 0, False, E.DNS_CNAME, (S.EXPIRED, 0, False, E.DNS_CNAME)),
+    ],
+)
+def test_outcome_table(
+    status: S, retries: int, has_order: bool, code: ErrorCode, expected: tuple[S, int, bool, ErrorCode]
+) -> None:
+    outcome = decide_outcome(status, retries, has_order, code)
+    assert (outcome.status, outcome.retry_count, outcome.keep_order, outcome.error_code) == expected
+
+
+def test_dns_recheck_starts_at_initial_and_caps() -> None:
+    policy = ProvisioningPolicy(dns_recheck_initial_seconds=60, dns_recheck_max_seconds=3600)
+    assert [dns_recheck_delay(n, policy) for n in (1, 2, 3, 7, 8, 100)] == [
+        60, 120, 240, 3600, 3600, 3600
+    ]
+
+
+def test_failure_backoff_doubles_and_caps() -> None:
+    policy = ProvisioningPolicy(failure_backoff_initial_seconds=900, failure_backoff_max_seconds=3000)
+    assert [failure_backoff(n, policy) for n in (1, 2, 3)] == [900, 1800, 3000]
+
+
+def test_order_poll_delay_honours_retry_after() -> None:
+    assert [order_poll_delay(n, None) for n in (0, 1, 2, 10)] == [1, 2, 4, 60]
+    assert order_poll_delay(0, 30) == 30
+    assert order_poll_delay(5, 3) == 32
