@@ -23,6 +23,7 @@ from temporalio import activity
 from activities.acme_client import AcmeClients, classify_acme_failure, parse_retry_after
 from certflow import certificates, cooldown
 from certflow.crypto import (
+    CertificateInfo,
     DecryptionError,
     EncryptionKey,
     certificate_info,
@@ -51,6 +52,12 @@ FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
 REACCEPT_AFTER = 1.0
 FINALIZE_WAIT = 30.0
+
+
+def _issued(info: CertificateInfo) -> IssuedCertificate:
+    return IssuedCertificate(
+        serial_hex=info.serial_hex, not_before=info.not_before, not_after=info.not_after
+    )
 
 
 @dataclass(frozen=True)
@@ -266,6 +273,11 @@ class AcmeActivities:
             raise to_application_error(err) from None
 
     async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
+        stored_leaf = await certificates.issued_by_order(
+            self._pool, input.certificate_id, input.order_url
+        )
+        if stored_leaf is not None:
+            return _issued(certificate_info(stored_leaf))  # an earlier attempt committed
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
         encrypted = await certificates.load_pending_key(
@@ -318,9 +330,7 @@ class AcmeActivities:
                 code=ErrorCode.ACME_INVALID_ORDER,
                 message="the certificate row moved on before the certificate could be stored",
             )
-        return IssuedCertificate(
-            serial_hex=info.serial_hex, not_before=info.not_before, not_after=info.not_after
-        )
+        return _issued(info)
 
     def _decrypt_key(self, encrypted: bytes) -> Any:
         try:

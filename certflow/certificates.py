@@ -130,7 +130,7 @@ async def store_issued(
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key,
-                ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7,
+                ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
                 ssl_retry_count = 0, ssl_last_attempt_at = NULL,
                 provisioning_error = NULL, provisioning_error_message = NULL,
                 http_challenge_token = NULL, http_challenge_key_auth = NULL,
@@ -157,6 +157,17 @@ async def store_issued(
             info.serial_hex,
         )
         return bool(already)
+
+
+async def issued_by_order(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> str | None:
+    """The current leaf PEM when this order already issued and stored it (a retried store)."""
+    value = await pool.fetchval(
+        "SELECT ssl_certificate FROM certificates"
+        " WHERE id = $1::uuid AND ssl_order_url = $2 AND http_order_url IS NULL",
+        certificate_id,
+        order_url,
+    )
+    return str(value) if value is not None else None
 
 
 async def record_failure(

@@ -28,6 +28,7 @@ CREATE TABLE certificates (
     ssl_certificate_chain       text,
     encrypted_ssl_private_key   bytea,
     ssl_serial                  text,
+    ssl_order_url               text,  -- the order that issued it: makes the store idempotent
     ssl_not_before              timestamptz,
     ssl_expires_at              timestamptz,
     created_at                  timestamptz NOT NULL DEFAULT now(),

@@ -1,0 +1,114 @@
+"""starter.py and worker.py as a user runs them: exit codes, messages, and bad input
+that writes nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from certflow import devstack
+from tests.e2e.conftest import Deployment
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CERTFLOW_")}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _client_env(deployment: Deployment) -> dict[str, str]:
+    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
+    return {k: deployment.env[k] for k in keep}
+
+
+async def test_request_wait_and_status_json(deployment: Deployment) -> None:
+    hostname = deployment.hostname("cli")
+    result = _run(["starter.py", "request", hostname.upper(), "--wait", "60"], _client_env(deployment))
+    assert result.returncode == 0, result.stderr
+    assert "ACTIVE" in result.stdout
+
+    result = _run(["starter.py", "status", hostname, "--json"], _client_env(deployment))
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["hostname"] == hostname
+    assert status["status"] == "ACTIVE"
+    assert status["error_code"] is None and status["error_message"] is None
+    assert status["expires_at"] and status["workflow_id"] == f"certificate:{hostname}"
+
+
+async def test_request_wait_exits_1_when_not_all_active(deployment: Deployment) -> None:
+    hostname = deployment.bare_hostname("cli-nocname")
+    result = _run(["starter.py", "request", hostname, "--wait", "30"], _client_env(deployment))
+    assert result.returncode == 1
+    assert "DNS_CNAME" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["*.wild.test", "192.0.2.1", "localhost", "a..b.test", "under_score.test", "x" * 300 + ".test"],
+)
+async def test_bad_hostname_writes_nothing_and_starts_nothing(
+    deployment: Deployment, db: asyncpg.Pool, bad: str
+) -> None:
+    good = deployment.hostname("never")
+    before = await db.fetchval("SELECT count(*) FROM certificates")
+    result = _run(["starter.py", "request", good, bad], _client_env(deployment))
+    assert result.returncode == 2
+    assert result.stderr.startswith("certflow: invalid hostname")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert await db.fetchval("SELECT count(*) FROM certificates") == before
+    status = _run(["starter.py", "status", good], _client_env(deployment))
+    assert status.returncode == 1 and "no certificate" in status.stderr
+
+
+def test_missing_setting_is_one_line_naming_it() -> None:
+    result = _run(["starter.py", "status", "a.example.com"], {})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "certflow: configuration error: CERTFLOW_DATABASE_URL is not set"
+    result = _run(["worker.py"], {"CERTFLOW_DATABASE_URL": "postgresql://x/y"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "certflow: configuration error: CERTFLOW_ACME_DIRECTORY_URL is not set"
+    )
+
+
+async def test_wrong_encryption_key_stops_the_worker_and_changes_nothing(
+    deployment: Deployment, db: asyncpg.Pool
+) -> None:
+    before = [dict(r) for r in await db.fetch("SELECT * FROM acme_accounts ORDER BY directory_url")]
+    assert before, "the running worker registered an account"
+    env = {
+        **deployment.env,
+        "CERTFLOW_ENCRYPTION_KEY": base64.b64encode(b"\x07" * 32).decode(),
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+    }
+    result = _run(["worker.py"], env, timeout=60)
+    assert result.returncode == 2
+    assert "CERTFLOW_ENCRYPTION_KEY" in result.stderr and "wrong key" in result.stderr
+    after = [dict(r) for r in await db.fetch("SELECT * FROM acme_accounts ORDER BY directory_url")]
+    assert after == before
+
+
+def test_demo_issues_three_certificates() -> None:
+    """The README's first command, minus the set-up and the waiting for Ctrl-C."""
+    result = _run(["starter.py", "demo", "--exit"], {}, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("ACTIVE") == 3
+    assert "Temporal UI: http://127.0.0.1:" in result.stdout

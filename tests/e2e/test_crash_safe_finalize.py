@@ -1,0 +1,137 @@
+"""SPEC §5 against the real CA: an order finalized before a crash is paired with the
+key stored for it, and never re-finalized with another key."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import asyncpg
+import pytest
+from acme import messages
+from cryptography import x509
+from temporalio.testing import ActivityEnvironment
+
+from activities.acme_client import AcmeClients, ensure_account
+from activities.acme_orders import AcmeActivities
+from certflow import certificates
+from certflow.crypto import (
+    generate_private_key,
+    load_private_key,
+    make_csr,
+    private_key_to_pem,
+    public_key_matches,
+)
+from certflow.models import (
+    AcceptChallengeInput,
+    CreateOrderInput,
+    FinalizeInput,
+    PersistChallengeInput,
+    WaitForOrderInput,
+)
+from certflow.settings import KeyType
+from tests.e2e.conftest import Deployment
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
+    account = await ensure_account(
+        db,
+        deployment.pebble.directory_url,
+        None,
+        deployment.encryption_key,
+        str(deployment.pebble.ca_bundle),
+    )
+    return AcmeActivities(
+        AcmeClients(account),
+        db,
+        deployment.encryption_key,
+        KeyType.EC256,
+        ThreadPoolExecutor(max_workers=4),
+    )
+
+
+async def _ready_order(
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+) -> tuple[str, str]:
+    """Drive a real order to `ready`; the deployment's responder answers the CA."""
+    env = ActivityEnvironment()
+    hostname = deployment.hostname("finalized")
+    record = await certificates.ensure_certificate(db, hostname, None, None)
+    order = await env.run(acme.create_order, CreateOrderInput(hostname=hostname))
+    assert await env.run(
+        acme_persist(db), PersistChallengeInput(certificate_id=record.certificate_id, order=order)
+    )
+    await env.run(acme.accept_challenge, AcceptChallengeInput(challenge_url=order.challenge_url))
+    progress = await env.run(
+        acme.wait_for_order,
+        WaitForOrderInput(order_url=order.order_url, challenge_url=order.challenge_url, within_seconds=20),
+    )
+    assert progress.status == "ready"
+    return record.certificate_id, order.order_url
+
+
+def acme_persist(db: asyncpg.Pool):  # type: ignore[no-untyped-def]
+    async def persist(input: PersistChallengeInput) -> bool:
+        return await certificates.persist_challenge(db, input.certificate_id, input.order)
+
+    return persist
+
+
+def _finalize_out_of_band(acme: AcmeActivities, order_url: str, csr: bytes) -> None:
+    """What a worker did before it died: the finalize request, never the store."""
+    with acme._clients.borrow() as client:
+        body = client.net.post(order_url, None, new_nonce_url=acme._clients.new_nonce_url).json()
+        request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
+        client.net.post(body["finalize"], request, new_nonce_url=acme._clients.new_nonce_url)
+
+
+async def test_valid_order_is_paired_with_the_key_stored_before_finalize(
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+) -> None:
+    certificate_id, order_url = await _ready_order(acme, db, deployment)
+    hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
+    key = generate_private_key(KeyType.EC256)
+    assert await certificates.store_pending_key(
+        db, certificate_id, order_url, deployment.encryption_key.encrypt(private_key_to_pem(key))
+    )
+    await asyncio.to_thread(_finalize_out_of_band, acme, order_url, make_csr(key, hostname))
+
+    issued = await ActivityEnvironment().run(
+        acme.finalize_and_store,
+        FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
+    )
+
+    row = await db.fetchrow("SELECT * FROM certificates WHERE id = $1::uuid", certificate_id)
+    assert row["status"] == "ACTIVE" and row["ssl_serial"] == issued.serial_hex
+    stored = load_private_key(deployment.encryption_key.decrypt(bytes(row["encrypted_ssl_private_key"])))
+    assert public_key_matches(row["ssl_certificate"], stored)
+    assert public_key_matches(row["ssl_certificate"], key)  # the very key stored before finalize
+    assert row["pending_private_key"] is None and row["http_order_url"] is None
+
+
+async def test_retried_finalize_reuses_the_stored_key(
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+) -> None:
+    """An activity retried after its key was stored (crash during finalize) keeps that key."""
+    certificate_id, order_url = await _ready_order(acme, db, deployment)
+    hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
+    key = generate_private_key(KeyType.EC256)
+    await certificates.store_pending_key(
+        db, certificate_id, order_url, deployment.encryption_key.encrypt(private_key_to_pem(key))
+    )
+    # The order is still `ready`: finalize_and_store must use the stored key, not a new one.
+    await ActivityEnvironment().run(
+        acme.finalize_and_store,
+        FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
+    )
+    leaf = await db.fetchval("SELECT ssl_certificate FROM certificates WHERE id = $1::uuid", certificate_id)
+    assert public_key_matches(leaf, key)
+    # Storing again (a retry after the commit) is a no-op success, not an error.
+    again = await ActivityEnvironment().run(
+        acme.finalize_and_store,
+        FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
+    )
+    assert x509.load_pem_x509_certificate(leaf.encode()).serial_number == int(again.serial_hex, 16)
