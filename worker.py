@@ -16,16 +16,19 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from activities.acme_client import AcmeClients, ensure_account
+from activities.acme_client import AcmeClients, check_profile, ensure_account
 from activities.acme_orders import AcmeActivities
 from activities.dns_checks import DnsActivities, DnsChecker
+from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
+from certflow.schedules import install_reconcile_schedule
 from workflows.certificate import CertificateWorkflow
+from workflows.reconcile import ReconcileWorkflow
 
 log = logging.getLogger("certflow.worker")
 
@@ -46,6 +49,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             )
         except DecryptionError as err:
             raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+        check_profile(account, settings.acme_profile)
         client = await Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
@@ -53,7 +57,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         )
         executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
         acme = AcmeActivities(
-            AcmeClients(account), pool, encryption_key, settings.acme_key_type, executor
+            AcmeClients(account),
+            pool,
+            encryption_key,
+            settings.acme_key_type,
+            executor,
+            profile=settings.acme_profile,
         )
         records = RecordActivities(
             pool, settings.provisioning_policy(), settings.managed_base_domain
@@ -69,20 +78,32 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         worker = Worker(
             client,
             task_queue=settings.task_queue,
-            workflows=[CertificateWorkflow],
+            workflows=[CertificateWorkflow, ReconcileWorkflow],
             activities=[
                 records.ensure_certificate,
                 records.persist_challenge,
                 records.record_failure,
                 records.reopen_failed,
+                records.begin_renewal,
+                records.mark_expired,
+                records.cancel_certificate,
+                records.delete_certificate,
                 dns.check_dns,
                 acme.create_order,
                 acme.accept_challenge,
                 acme.wait_for_order,
                 acme.finalize_and_store,
+                acme.renewal_info,
+                acme.deactivate_authorizations,
+                acme.revoke_certificate,
+                ReconcileActivities(pool, client, settings.task_queue).reconcile_certificates,
             ],
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
         )
+        if settings.reconcile_interval_seconds > 0:
+            await install_reconcile_schedule(
+                client, settings.task_queue, settings.reconcile_interval_seconds
+            )
         http_host, http_port = settings.http01_address
         try:
             listener = bind_listener(http_host, http_port)

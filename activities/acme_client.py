@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from certflow.crypto import EncryptionKey
-from certflow.errors import AcmeProblemError, ErrorCode
+from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,18 @@ async def ensure_account(
                 )
     log.info("ACME account ready", extra={"account_url": account_url})
     return AcmeAccount(directory_url, account_url, key, directory_json, verify)
+
+
+def check_profile(account: AcmeAccount, profile: str | None) -> None:
+    """A configured ACME profile must be one the CA's directory lists."""
+    if not profile:
+        return
+    offered = dict(account.directory_json.get("meta", {}).get("profiles") or {})
+    if profile not in offered:
+        listed = ", ".join(sorted(offered)) or "none"
+        raise ConfigError(
+            f"CERTFLOW_ACME_PROFILE: the CA does not offer profile {profile!r} (it offers: {listed})"
+        )
 
 
 class AcmeClients:

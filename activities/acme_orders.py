@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 import asyncpg
+import requests
 from acme import challenges, messages
 from acme import client as acme_client
+from acme.client import _renewal_info_path_component  # acme's RFC 9773 certificate id
+from cryptography import x509
 from temporalio import activity
 
 from activities.acme_client import AcmeClients, classify_acme_failure, parse_retry_after
@@ -42,6 +46,7 @@ from certflow.models import (
     IssuedCertificate,
     OpenedOrder,
     OrderProgress,
+    RenewalAdvice,
     WaitForOrderInput,
 )
 from certflow.settings import KeyType
@@ -52,6 +57,7 @@ FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
 REACCEPT_AFTER = 1.0
 FINALIZE_WAIT = 30.0
+ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
 
 
 def _issued(info: CertificateInfo) -> IssuedCertificate:
@@ -339,8 +345,6 @@ class AcmeActivities:
             raise AcmeProblemError(code=ErrorCode.ACME_TEMPORARY, message=str(err)) from None
 
     def _begin_finalize(self, client: acme_client.ClientV2, finalize_url: str, csr: bytes) -> None:
-        from cryptography import x509
-
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
         try:
             client.net.post(finalize_url, request, new_nonce_url=self._clients.new_nonce_url)
@@ -372,3 +376,86 @@ class AcmeActivities:
             certificate_url, None, new_nonce_url=self._clients.new_nonce_url
         )
         return str(response.text)
+
+    # -- renewal_info (ARI, RFC 9773) -------------------------------------------
+
+    @activity.defn(name="renewal_info")
+    async def renewal_info(self, certificate_id: str) -> RenewalAdvice:
+        """The CA's suggested renewal window for the current certificate, when the
+        directory advertises ``renewalInfo``. Failures (503 + Retry-After included)
+        only ask to re-check later; they never fail the certificate."""
+        base_url = self._clients.account.directory_json.get("renewalInfo")
+        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
+        if not base_url or leaf_pem is None:
+            return RenewalAdvice()
+        cert = x509.load_pem_x509_certificate(leaf_pem.encode())
+        if cert.not_valid_after_utc <= datetime.now(timezone.utc):
+            return RenewalAdvice()  # RFC 9773 §4.3: never ask about an expired certificate
+        url = f"{str(base_url).rstrip('/')}/{_renewal_info_path_component(cert)}"
+
+        def run() -> requests.Response:
+            # A plain GET (RFC 9773 §4.1); an error status is an answer, not a failure.
+            with self._clients.borrow() as client:
+                return client.net.session.get(
+                    url, verify=self._clients.account.verify, timeout=15
+                )
+
+        try:
+            response = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        except Exception as exc:  # the CA unreachable: ask again later
+            activity.logger.warning("renewal info unavailable: %s", exc)
+            return RenewalAdvice(recheck_after_seconds=ARI_DEFAULT_RECHECK)
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if not response.ok:
+            return RenewalAdvice(recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK)
+        try:
+            info = messages.RenewalInfo.from_json(response.json())
+        except Exception:
+            return RenewalAdvice(recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK)
+        return RenewalAdvice(
+            window_start=info.suggested_window.start,
+            window_end=info.suggested_window.end,
+            recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK,
+        )
+
+    # -- cancel and delete ------------------------------------------------------
+
+    @activity.defn(name="deactivate_authorizations")
+    async def deactivate_authorizations(self, order_url: str) -> None:
+        """Deactivate the order's authorizations still pending or valid (best effort)."""
+
+        def deactivate(client: acme_client.ClientV2) -> None:
+            order = self._post_as_get(client, order_url).body
+            for authz_url in order.get("authorizations") or []:
+                authz = self._post_as_get(client, authz_url).body
+                if authz.get("status") in ("pending", "valid"):
+                    client.net.post(
+                        authz_url,
+                        messages.UpdateAuthorization(status="deactivated"),
+                        new_nonce_url=self._clients.new_nonce_url,
+                    )
+
+        try:
+            await self._call(deactivate)
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    @activity.defn(name="revoke_certificate")
+    async def revoke_certificate(self, certificate_id: str) -> None:
+        """Revoke the current certificate (already revoked is success)."""
+        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
+        if leaf_pem is None:
+            return
+        cert = x509.load_pem_x509_certificate(leaf_pem.encode())
+
+        def revoke(client: acme_client.ClientV2) -> None:
+            try:
+                client.revoke(cert, 0)
+            except messages.Error as err:
+                if err.code != "alreadyRevoked":
+                    raise
+
+        try:
+            await self._call(revoke)
+        except CertflowError as err:
+            raise to_application_error(err) from None

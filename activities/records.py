@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncpg
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from certflow import certificates
 from certflow.models import (
+    CertificateRecord,
     EnsureCertificateInput,
     EnsureCertificateResult,
     PersistChallengeInput,
     ProvisioningPolicy,
     RecordFailureInput,
+    OpenOrder,
 )
 
 
@@ -46,6 +49,39 @@ class RecordActivities:
         )
 
     @activity.defn(name="reopen_failed")
-    async def reopen_failed(self, certificate_id: str) -> bool:
-        """Give a FAILED certificate a fresh budget."""
-        return await certificates.reopen_failed(self._pool, certificate_id)
+    async def reopen_failed(self, certificate_id: str) -> CertificateRecord:
+        """Give a FAILED certificate a fresh budget; returns the row as it now is."""
+        await certificates.reopen_failed(self._pool, certificate_id)
+        return await self._load(certificate_id)
+
+    @activity.defn(name="begin_renewal")
+    async def begin_renewal(self, certificate_id: str) -> bool:
+        """ACTIVE → RENEWING."""
+        return await certificates.begin_renewal(self._pool, certificate_id)
+
+    @activity.defn(name="mark_expired")
+    async def mark_expired(self, certificate_id: str) -> bool:
+        """RENEWING → EXPIRED once the old certificate lapsed."""
+        return await certificates.mark_expired(self._pool, certificate_id)
+
+    @activity.defn(name="cancel_certificate")
+    async def cancel_certificate(self, certificate_id: str) -> OpenOrder:
+        """Status CANCELED; returns the order that was open, if any."""
+        return OpenOrder(order_url=await certificates.cancel(self._pool, certificate_id))
+
+    @activity.defn(name="delete_certificate")
+    async def delete_certificate(self, certificate_id: str) -> bool:
+        """Remove the rows."""
+        return await certificates.delete(self._pool, certificate_id)
+
+    async def _load(self, certificate_id: str) -> CertificateRecord:
+        record = await certificates.load_record(
+            self._pool, certificate_id, self._managed_base_domain
+        )
+        if record is None:
+            raise ApplicationError(
+                f"certificate {certificate_id} no longer exists",
+                type="CERTIFICATE_GONE",
+                non_retryable=True,
+            )
+        return record

@@ -17,7 +17,8 @@ _RECORD_COLUMNS = """
     c.id::text AS certificate_id, c.hostname::text AS hostname, c.tenant_id, c.status,
     c.provisioning_error AS error_code, c.provisioning_error_message AS error_message,
     c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
-    c.http_challenge_url AS challenge_url, c.ssl_expires_at AS expires_at,
+    c.http_challenge_url AS challenge_url, c.ssl_not_before AS not_before,
+    c.ssl_expires_at AS expires_at,
     CASE
         WHEN $2::text IS NULL THEN false
         WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
@@ -243,14 +244,94 @@ async def certificate_summary(pool: asyncpg.Pool, hostname: str) -> dict[str, An
 
 
 
+async def load_record(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None
+) -> CertificateRecord | None:
+    row = await pool.fetchrow(
+        f"SELECT {_RECORD_COLUMNS} FROM certificates c WHERE c.id = $1::uuid",
+        certificate_id,
+        managed_base_domain,
+    )
+    return _record(row) if row is not None else None
+
+
 async def reopen_failed(pool: asyncpg.Pool, certificate_id: str) -> bool:
-    """FAILED → PENDING with a fresh failure budget (retry now, or the slow retry)."""
+    """FAILED → a fresh failure budget: PENDING, or RENEWING/EXPIRED when a certificate
+    is in place (retry now, or the slow automatic retry)."""
     result = await pool.fetchval(
         """
-        UPDATE certificates SET status = 'PENDING', ssl_retry_count = 0, updated_at = now()
+        UPDATE certificates SET
+            status = CASE WHEN ssl_certificate IS NULL THEN 'PENDING'
+                          WHEN ssl_expires_at <= now() THEN 'EXPIRED'
+                          ELSE 'RENEWING' END,
+            ssl_retry_count = 0, updated_at = now()
         WHERE id = $1::uuid AND status = 'FAILED'
         RETURNING true
         """,
         certificate_id,
     )
     return bool(result)
+
+
+async def begin_renewal(pool: asyncpg.Pool, certificate_id: str) -> bool:
+    """ACTIVE → RENEWING; the current certificate stays in place and keeps being served."""
+    result = await pool.fetchval(
+        "UPDATE certificates SET status = 'RENEWING', updated_at = now()"
+        " WHERE id = $1::uuid AND status = 'ACTIVE' RETURNING true",
+        certificate_id,
+    )
+    return bool(result)
+
+
+async def mark_expired(pool: asyncpg.Pool, certificate_id: str) -> bool:
+    """RENEWING → EXPIRED once the current certificate's not_after has passed."""
+    result = await pool.fetchval(
+        "UPDATE certificates SET status = 'EXPIRED', updated_at = now()"
+        " WHERE id = $1::uuid AND status = 'RENEWING' AND ssl_expires_at <= now()"
+        " RETURNING true",
+        certificate_id,
+    )
+    return bool(result)
+
+
+async def cancel(pool: asyncpg.Pool, certificate_id: str) -> str | None:
+    """Any status → CANCELED, clearing the open order; returns that order's URL."""
+    async with pool.acquire() as conn, conn.transaction():
+        order_url = await conn.fetchval(
+            "SELECT http_order_url FROM certificates WHERE id = $1::uuid FOR UPDATE",
+            certificate_id,
+        )
+        await conn.execute(
+            """
+            UPDATE certificates SET status = 'CANCELED',
+                http_challenge_token = NULL, http_challenge_key_auth = NULL,
+                http_challenge_url = NULL, http_order_url = NULL,
+                pending_private_key = NULL, pending_key_order_url = NULL,
+                updated_at = now()
+            WHERE id = $1::uuid
+            """,
+            certificate_id,
+        )
+    return str(order_url) if order_url is not None else None
+
+
+async def delete(pool: asyncpg.Pool, certificate_id: str) -> bool:
+    """Remove the certificate row and its custom_domains rows."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "DELETE FROM custom_domains WHERE certificate_id = $1::uuid"
+            " OR domain = (SELECT hostname FROM certificates WHERE id = $1::uuid)",
+            certificate_id,
+        )
+        result = await conn.fetchval(
+            "DELETE FROM certificates WHERE id = $1::uuid RETURNING true", certificate_id
+        )
+    return bool(result)
+
+
+async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> str | None:
+    """The current leaf PEM (public), if any."""
+    value = await pool.fetchval(
+        "SELECT ssl_certificate FROM certificates WHERE id = $1::uuid", certificate_id
+    )
+    return str(value) if value is not None else None

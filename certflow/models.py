@@ -67,6 +67,7 @@ class CertificateRecord(Frozen):
     retry_count: int = 0
     order_url: str | None = None
     challenge_url: str | None = None
+    not_before: datetime | None = None
     expires_at: datetime | None = None
     skips_dns: bool = False
 
@@ -149,6 +150,26 @@ class RecordFailureInput(Frozen):
     message: str
 
 
+class RenewalAdvice(Frozen):
+    """The CA's ARI suggested window (RFC 9773), when it offers one."""
+
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    recheck_after_seconds: float | None = None
+
+
+class OpenOrder(Frozen):
+    """The order a cancel found open (its authorization is then deactivated)."""
+
+    order_url: str | None = None
+
+
+class DeleteRequest(Frozen):
+    """Argument of the ``delete`` signal and update."""
+
+    revoke: bool = False
+
+
 class CertificateState(Frozen):
     """Answer of the ``status`` query and of updates."""
 
@@ -160,3 +181,10 @@ class CertificateState(Frozen):
     retry_count: int = 0
     next_attempt_at: datetime | None = None
     expires_at: datetime | None = None
+
+
+class ReconcileResult(Frozen):
+    """What a reconcile pass did."""
+
+    checked: int
+    started: list[str]

@@ -95,6 +95,7 @@ class Settings(ClientSettings):
     acme_email: str | None = None
     acme_ca_bundle: Path | None = None
     acme_key_type: KeyType = KeyType.EC256
+    acme_profile: str | None = None
 
     encryption_key: SecretStr
 
@@ -112,6 +113,7 @@ class Settings(ClientSettings):
     failure_backoff_max_seconds: float = Field(default=4 * 3600.0, gt=0)
     order_fast_poll_seconds: float = Field(default=8.0, gt=0)
     failed_retry_seconds: float = Field(default=86400.0, ge=0)
+    reconcile_interval_seconds: float = Field(default=300.0, ge=0)
 
     @field_validator("acme_directory_url", "cname_target")
     @classmethod

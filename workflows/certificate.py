@@ -1,8 +1,13 @@
-"""The Certificate workflow: one per hostname, the certificate's state machine.
+"""The Certificate workflow: one per hostname, the certificate's whole lifecycle.
+
+PENDING → PROVISIONING → ACTIVE → (renewal time) RENEWING → ACTIVE → … until
+canceled or deleted. Each issuance ends with continue-as-new, so the history
+stays bounded however many years the certificate lives.
 
 Every side effect is an activity; every decision is a pure function in
-:mod:`workflows.policy`. Waits are durable timers that "retry now" can cut
-short (except a rate-limit cooldown, which nobody may bypass).
+:mod:`workflows.policy`. Waits are durable timers that signals and updates
+(retry, renew, cancel, delete) cut short; "retry now" never bypasses a CA
+rate-limit cooldown.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from certflow.models import (
         AcceptChallengeInput,
         CertificateInput,
+        DeleteRequest,
         CertificateRecord,
         CertificateState,
         CertificateStatus,
@@ -35,6 +41,8 @@ with workflow.unsafe.imports_passed_through():
         PersistChallengeInput,
         ProvisioningPolicy,
         RecordFailureInput,
+        OpenOrder,
+        RenewalAdvice,
         WaitForOrderInput,
         WORKFLOW_TYPE,
     )
@@ -44,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         dns_recheck_delay,
         failure_backoff,
         order_poll_delay,
+        renewal_time,
     )
 
 T = TypeVar("T")
@@ -78,6 +87,7 @@ _DNS = _Step(timedelta(seconds=60), _CA_RETRY)
 # Single CA exchanges: short, so a worker killed mid-call is noticed quickly.
 _CA = _Step(timedelta(seconds=20), _CA_RETRY)
 _FINALIZE = _Step(timedelta(seconds=90), _CA_RETRY, heartbeat=timedelta(seconds=10))
+_BEST_EFFORT = _Step(timedelta(seconds=20), RetryPolicy(maximum_attempts=3))
 
 
 async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
@@ -90,6 +100,10 @@ async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
         retry_policy=step.retry,
     )
     return result
+
+
+class _Stopped(Exception):
+    """Cancel or delete was requested while an attempt ran."""
 
 
 class _AttemptFailed(Exception):
@@ -117,14 +131,19 @@ def _failure_of(err: ActivityError) -> _AttemptFailed:
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class CertificateWorkflow:
-    """Issues the certificate of one hostname and keeps its row current."""
+    """Issues, renews and finally cancels or deletes the certificate of one hostname."""
 
     def __init__(self) -> None:
-        self._record: CertificateRecord | None = None
         self._hostname = ""
+        self._record: CertificateRecord | None = None
         self._phase = "starting"
         self._next_attempt_at: datetime | None = None
         self._retry_requested = False
+        self._renew_requested = False
+        self._stop: _StopRequest | None = None
+        self._stopped = False
+
+    # -- the lifecycle -----------------------------------------------------------
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
@@ -137,24 +156,32 @@ class CertificateWorkflow:
         )
         self._record = ensured.record
         policy = ensured.policy
-        if self._record.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
-            self._phase = "done"
-            return self._state()
-
         dns_failures = 0
         while True:
-            if self._record.status is CertificateStatus.FAILED:
+            record = self._record
+            if self._stop is not None:
+                return await self._finish_stop(self._stop)
+            if record.status is CertificateStatus.CANCELED:
+                return await self._end("canceled")
+            if record.status is CertificateStatus.ACTIVE:
+                await self._wait_for_renewal()
+                if self._stop is None:
+                    await self._begin_renewal()
+                continue
+            if record.status is CertificateStatus.FAILED:
                 await self._wait_failed(policy)
-                if not await self._reopen_failed():
-                    self._phase = "done"
-                    return self._state()
+                if self._stop is None and not await self._reopen_failed():
+                    return await self._end("the certificate row moved on")
+                continue
+            await self._expire_if_lapsed()
             try:
                 issued = await self._issue(self._record, policy)
+            except _Stopped:
+                continue
             except _AttemptFailed as failure:
                 dns_failures = dns_failures + 1 if failure.code in DNS_CODES else 0
                 if not await self._record_failure(failure, policy):
-                    self._phase = "done"
-                    return self._state()
+                    return await self._end("the certificate row moved on")
                 await self._wait_after(failure, policy, dns_failures)
                 continue
             self._record = self._record.model_copy(
@@ -165,11 +192,18 @@ class CertificateWorkflow:
                     "retry_count": 0,
                     "order_url": None,
                     "challenge_url": None,
+                    "not_before": issued.not_before,
                     "expires_at": issued.not_after,
                 }
             )
-            self._phase = "done"
-            return self._state()
+            self._phase = "issued"
+            # Answer pending updates before this run hands over to the next.
+            self._retry_requested = self._renew_requested = False
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if self._stop is None:
+                workflow.continue_as_new(
+                    CertificateInput(hostname=input.hostname, tenant_id=input.tenant_id)
+                )
 
     async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
@@ -179,6 +213,7 @@ class CertificateWorkflow:
                 if not record.skips_dns:
                     self._phase = "checking DNS"
                     await _run(_DNS, "check_dns", CheckDnsInput(hostname=record.hostname), type(None))
+                    self._check_stop()
                 self._phase = "creating order"
                 order = await _run(
                     _CA, "create_order", CreateOrderInput(hostname=record.hostname), OpenedOrder
@@ -194,17 +229,17 @@ class CertificateWorkflow:
                         ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None
                     )
                 order_url, challenge_url = order.order_url, order.challenge_url
+                renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                 self._record = record = record.model_copy(
                     update={
                         "order_url": order_url,
                         "challenge_url": challenge_url,
-                        "status": record.status
-                        if record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-                        else CertificateStatus.PROVISIONING,
+                        "status": record.status if renewal else CertificateStatus.PROVISIONING,
                         "error_code": None,
                         "error_message": None,
                     }
                 )
+                self._check_stop()
                 self._phase = "accepting challenge"
                 await _run(
                     _CA,
@@ -225,6 +260,8 @@ class CertificateWorkflow:
                 IssuedCertificate,
             )
         except ActivityError as err:
+            if self._stop is not None:
+                raise _Stopped() from None
             raise _failure_of(err) from None
 
     async def _wait_for_order(
@@ -233,6 +270,7 @@ class CertificateWorkflow:
         """Poll fast inside an activity, then on durable timers that back off."""
         attempt = 0
         while True:
+            self._check_stop()
             self._phase = "polling order"
             progress = await _run(
                 _Step(
@@ -253,6 +291,7 @@ class CertificateWorkflow:
             delay = order_poll_delay(attempt, progress.retry_after_seconds)
             attempt += 1
             self._phase = f"order {progress.status}; polling again"
+            # The CA's pacing (Retry-After) is honoured even against "retry now".
             await self._sleep(delay, interruptible=False)
 
     async def _record_failure(self, failure: _AttemptFailed, policy: ProvisioningPolicy) -> bool:
@@ -296,13 +335,21 @@ class CertificateWorkflow:
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
             self._phase = "waiting for the CA's rate limit to end"
             # Retry-After 0 means "now", but a CA repeating it must not spin us.
-            await self._sleep(max(failure.retry_after or 0.0, 1.0), interruptible=False)
+            delay = max(failure.retry_after or 0.0, 1.0)
+            # Without an open order the next step is a new order, which re-checks the
+            # shared cooldown before contacting the CA: "retry now" may wake it.
+            interruptible = record.order_url is None
         elif failure.code in DNS_CODES:
             self._phase = "waiting for DNS to be fixed"
-            await self._sleep(dns_recheck_delay(dns_failures, policy), interruptible=True)
+            delay, interruptible = dns_recheck_delay(dns_failures, policy), True
         else:
             self._phase = "waiting before the next attempt"
-            await self._sleep(failure_backoff(record.retry_count, policy), interruptible=True)
+            delay, interruptible = failure_backoff(record.retry_count, policy), True
+        if record.status is CertificateStatus.RENEWING and record.expires_at is not None:
+            # Wake when the old certificate lapses, to show EXPIRED on time.
+            until_expiry = (record.expires_at - workflow.now()).total_seconds()
+            delay = min(delay, max(until_expiry, 0.0) + 1.0)
+        await self._sleep(delay, interruptible=interruptible)
 
     async def _wait_failed(self, policy: ProvisioningPolicy) -> None:
         self._phase = "failed; waiting for retry"
@@ -310,38 +357,149 @@ class CertificateWorkflow:
             await self._sleep(policy.failed_retry_seconds, interruptible=True)
         else:
             self._next_attempt_at = None
-            await workflow.wait_condition(lambda: self._retry_requested)
+            await workflow.wait_condition(
+                lambda: self._retry_requested or self._stop is not None
+            )
             self._retry_requested = False
 
     async def _reopen_failed(self) -> bool:
         record = self._record
         assert record is not None
-        reopened = await _run(_POSTGRES, "reopen_failed", record.certificate_id, bool)
-        if reopened:
-            self._record = record.model_copy(
-                update={"status": CertificateStatus.PENDING, "retry_count": 0}
+        try:
+            reopened = await _run(
+                _POSTGRES, "reopen_failed", record.certificate_id, CertificateRecord
             )
-        return reopened
+        except ActivityError:
+            return False  # the row is gone
+        self._record = reopened
+        return reopened.status is not CertificateStatus.FAILED
+
+    async def _wait_for_renewal(self) -> None:
+        """Sleep until the renewal time (ARI window when the CA offers one), or renew/stop."""
+        record = self._record
+        assert record is not None and record.not_before and record.expires_at
+        fraction = workflow.random().random()
+        while self._stop is None and not self._renew_requested:
+            if workflow.info().is_continue_as_new_suggested():
+                break  # the next run starts this wait afresh with a short history
+            self._phase = "asking the CA when to renew"
+            advice = await _run(_CA, "renewal_info", record.certificate_id, RenewalAdvice)
+            window = None
+            if advice.window_start is not None and advice.window_end is not None:
+                window = (advice.window_start, advice.window_end)
+            renew_at = renewal_time(record.not_before, record.expires_at, window, fraction)
+            now = workflow.now()
+            if renew_at <= now:
+                break
+            wake = renew_at
+            if advice.recheck_after_seconds:
+                wake = min(wake, now + timedelta(seconds=advice.recheck_after_seconds))
+            self._phase = "active; waiting for the renewal time"
+            self._next_attempt_at = renew_at
+            try:
+                await workflow.wait_condition(
+                    lambda: self._renew_requested or self._stop is not None,
+                    timeout=wake - now,
+                )
+            except asyncio.TimeoutError:
+                pass
+            self._next_attempt_at = None
+            if workflow.now() >= renew_at:
+                break
+        if workflow.info().is_continue_as_new_suggested() and not (
+            self._renew_requested or self._stop
+        ) and workflow.now() < record.expires_at:
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(CertificateInput(hostname=record.hostname, tenant_id=record.tenant_id))
+
+    async def _begin_renewal(self) -> None:
+        record = self._record
+        assert record is not None
+        self._renew_requested = False
+        self._phase = "renewing"
+        renewing = await _run(_POSTGRES, "begin_renewal", record.certificate_id, bool)
+        self._record = record.model_copy(
+            update={"status": CertificateStatus.RENEWING if renewing else record.status}
+        )
+        if not renewing:
+            refreshed = await _run(
+                _POSTGRES,
+                "ensure_certificate",
+                EnsureCertificateInput(hostname=record.hostname, tenant_id=record.tenant_id),
+                EnsureCertificateResult,
+            )
+            self._record = refreshed.record
+
+    async def _expire_if_lapsed(self) -> None:
+        record = self._record
+        assert record is not None
+        if (
+            record.status is CertificateStatus.RENEWING
+            and record.expires_at is not None
+            and workflow.now() >= record.expires_at
+        ):
+            if await _run(_POSTGRES, "mark_expired", record.certificate_id, bool):
+                self._record = record.model_copy(update={"status": CertificateStatus.EXPIRED})
+
+    async def _finish_stop(self, stop: _StopRequest) -> CertificateState:
+        """Cancel (and for delete: revoke if asked, then remove the rows)."""
+        record = self._record
+        assert record is not None
+        self._phase = "canceling"
+        open_order = await _run(_POSTGRES, "cancel_certificate", record.certificate_id, OpenOrder)
+        self._record = record = record.model_copy(
+            update={"status": CertificateStatus.CANCELED, "order_url": None, "challenge_url": None}
+        )
+        if open_order.order_url:
+            try:
+                await _run(_BEST_EFFORT, "deactivate_authorizations", open_order.order_url, type(None))
+            except ActivityError:
+                workflow.logger.warning("could not deactivate the open authorization")
+        if stop.delete:
+            if stop.revoke and record.expires_at is not None:
+                self._phase = "revoking"
+                try:
+                    await _run(_CA, "revoke_certificate", record.certificate_id, type(None))
+                except ActivityError as err:
+                    failure = _failure_of(err)
+                    self._record = record.model_copy(
+                        update={"error_code": failure.code, "error_message": failure.message}
+                    )
+                    return await self._end(f"canceled; not deleted: revocation failed")
+            await _run(_POSTGRES, "delete_certificate", record.certificate_id, bool)
+            return await self._end("deleted")
+        return await self._end("canceled")
+
+    async def _end(self, phase: str) -> CertificateState:
+        self._phase = phase
+        self._stopped = True
+        self._retry_requested = self._renew_requested = False
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._state()
+
+    def _check_stop(self) -> None:
+        if self._stop is not None:
+            raise _Stopped()
 
     async def _sleep(self, seconds: float, *, interruptible: bool) -> None:
-        """A durable wait; "retry now" (also one sent during the attempt before
-        it) ends an interruptible one early."""
+        """A durable wait that cancel/delete always end and, when interruptible,
+        "retry now" ends too (also one sent during the attempt before it)."""
         if seconds <= 0:
             return
         self._next_attempt_at = workflow.now() + timedelta(seconds=seconds)
         try:
-            if interruptible:
-                await workflow.wait_condition(
-                    lambda: self._retry_requested, timeout=timedelta(seconds=seconds)
-                )
-            else:
-                await workflow.sleep(timedelta(seconds=seconds))
+            await workflow.wait_condition(
+                lambda: self._stop is not None or (interruptible and self._retry_requested),
+                timeout=timedelta(seconds=seconds),
+            )
         except asyncio.TimeoutError:
             pass
         finally:
             self._next_attempt_at = None
             if interruptible:
                 self._retry_requested = False
+
+    # -- what the product and operators see and do -------------------------------
 
     def _state(self) -> CertificateState:
         record = self._record
@@ -367,21 +525,91 @@ class CertificateWorkflow:
 
     @workflow.signal(name="retry")
     def retry_signal(self) -> None:
-        """Retry now: cut short a DNS or failure backoff (never a rate-limit cooldown)."""
+        """Retry now: cut short a DNS or failure backoff and reset a FAILED budget.
+        Never bypasses a CA rate-limit cooldown."""
         self._retry_requested = True
 
     @workflow.update(name="retry")
     async def retry_update(self) -> CertificateState:
-        """Retry now; answers the state as the request is taken (the wait ends right after)."""
+        """Retry now; answers the state once the wait was cut short."""
         self._retry_requested = True
+        await workflow.wait_condition(lambda: not self._retry_requested or self._stopped)
         return self._state()
 
     @retry_update.validator
     def _validate_retry(self) -> None:
+        self._reject_when_stopping("retry")
         record = self._record
-        if record is None or record.status in (
-            CertificateStatus.ACTIVE,
-            CertificateStatus.CANCELED,
-        ):
+        if record is None:
+            raise ValueError(f"nothing to retry yet: {self._hostname} is starting")
+        if record.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
+            hint = "; use renew to renew it now" if record.status is CertificateStatus.ACTIVE else ""
+            raise ValueError(f"nothing to retry: {record.hostname} is {record.status}{hint}")
+
+    @workflow.signal(name="renew")
+    def renew_signal(self) -> None:
+        """Renew now, if the certificate is ACTIVE."""
+        self._renew_requested = True
+
+    @workflow.update(name="renew")
+    async def renew_update(self) -> CertificateState:
+        """Renew now; answers once the renewal has started."""
+        self._renew_requested = True
+        await workflow.wait_condition(lambda: not self._renew_requested or self._stopped)
+        return self._state()
+
+    @renew_update.validator
+    def _validate_renew(self) -> None:
+        self._reject_when_stopping("renew")
+        record = self._record
+        if record is None or record.status is not CertificateStatus.ACTIVE:
             status = record.status if record else "starting"
-            raise ValueError(f"nothing to retry: {self._hostname} is {status}")
+            raise ValueError(
+                f"nothing to renew: {self._hostname} is {status}; only an ACTIVE certificate renews"
+            )
+
+    @workflow.signal(name="cancel")
+    def cancel_signal(self) -> None:
+        """Stop provisioning and renewal; the status becomes CANCELED."""
+        if self._stop is None:
+            self._stop = _StopRequest(delete=False, revoke=False)
+
+    @workflow.update(name="cancel")
+    async def cancel_update(self) -> CertificateState:
+        """Cancel; answers once the certificate is CANCELED."""
+        self.cancel_signal()
+        await workflow.wait_condition(lambda: self._stopped)
+        return self._state()
+
+    @cancel_update.validator
+    def _validate_cancel(self) -> None:
+        self._reject_when_stopping("cancel")
+
+    @workflow.signal(name="delete")
+    def delete_signal(self, request: DeleteRequest | None = None) -> None:
+        """Cancel, optionally revoke the current certificate, and remove the rows."""
+        revoke = request.revoke if request is not None else False
+        if self._stop is None or not self._stop.delete:
+            self._stop = _StopRequest(delete=True, revoke=revoke)
+
+    @workflow.update(name="delete")
+    async def delete_update(self, request: DeleteRequest | None = None) -> CertificateState:
+        """Delete; answers once the rows are gone (or the revocation failed)."""
+        self.delete_signal(request)
+        await workflow.wait_condition(lambda: self._stopped)
+        return self._state()
+
+    @delete_update.validator
+    def _validate_delete(self, request: DeleteRequest | None = None) -> None:
+        if self._stop is not None and self._stop.delete:
+            raise ValueError(f"{self._hostname} is already being deleted")
+
+    def _reject_when_stopping(self, action: str) -> None:
+        if self._stop is not None or self._stopped:
+            raise ValueError(f"cannot {action}: {self._hostname} is canceled")
+
+
+@dataclass(frozen=True)
+class _StopRequest:
+    delete: bool
+    revoke: bool

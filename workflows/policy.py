@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
 
@@ -65,3 +67,30 @@ def order_poll_delay(attempt: int, retry_after: float | None) -> float:
     """Durable wait between order checks once the fast in-activity window is over."""
     backoff = float(min(2**attempt, 60))
     return max(backoff, retry_after or 0.0)
+
+
+SHORT_LIFETIME = timedelta(days=10)
+
+
+def renewal_time(
+    not_before: datetime,
+    not_after: datetime,
+    ari_window: tuple[datetime, datetime] | None,
+    fraction: float,
+) -> datetime:
+    """When to renew (SPEC §6).
+
+    Inside the CA's ARI suggested window when it gives one, at ``fraction``
+    (0..1, drawn once per workflow run so renewals of many certificates spread
+    out); otherwise when 1/3 of the lifetime remains, 1/2 for lifetimes under
+    10 days.
+    """
+    fraction = min(max(fraction, 0.0), 1.0)
+    if ari_window is not None:
+        start, end = ari_window
+        if end > start:
+            return start + (end - start) * fraction
+        return start
+    lifetime = not_after - not_before
+    remaining = lifetime / 2 if lifetime < SHORT_LIFETIME else lifetime / 3
+    return not_after - remaining

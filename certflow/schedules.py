@@ -1,0 +1,44 @@
+"""The Temporal Schedule that runs the Reconcile workflow."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
+
+RECONCILE_WORKFLOW_TYPE = "Reconcile"
+RECONCILE_SCHEDULE_ID = "certflow-reconcile"
+
+
+def _schedule(task_queue: str, every_seconds: float) -> Schedule:
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            RECONCILE_WORKFLOW_TYPE, id=RECONCILE_SCHEDULE_ID, task_queue=task_queue
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_seconds))]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
+    )
+
+
+async def install_reconcile_schedule(client: Client, task_queue: str, every_seconds: float) -> None:
+    """Create the schedule, or bring an existing one to this interval; idempotent."""
+    schedule = _schedule(task_queue, every_seconds)
+    try:
+        await client.create_schedule(RECONCILE_SCHEDULE_ID, schedule)
+    except ScheduleAlreadyRunningError:
+
+        def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
+            return ScheduleUpdate(schedule=schedule)
+
+        await client.get_schedule_handle(RECONCILE_SCHEDULE_ID).update(update)

@@ -1,0 +1,330 @@
+"""The fault proxy in front of a real Pebble, driven by the real ``acme`` client."""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import josepy
+import pytest
+import requests
+from acme import client, crypto_util, errors, messages
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from josepy.jwk import JWKEC
+
+from certflow import devstack
+from certflow.devstack import PebbleStack
+from certflow.faultproxy import Endpoint, Fault, FaultProxy, classify_path, start_fault_proxy
+
+
+@pytest.fixture(scope="module")
+def pebble_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pebble-faultproxy")
+
+
+@pytest.fixture(scope="module")
+def pebble(pebble_dir: Path) -> Iterator[PebbleStack]:
+    # va_always_valid lets the full-issuance test finish without an HTTP-01 responder.
+    stack = devstack.start_pebble(pebble_dir, nonce_reject_percent=0, va_always_valid=True)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def proxy(pebble: PebbleStack, pebble_dir: Path) -> Iterator[FaultProxy]:
+    fp = start_fault_proxy(pebble, pebble_dir)
+    try:
+        yield fp
+    finally:
+        fp.stop()
+
+
+@dataclass
+class Acme:
+    client: client.ClientV2
+    responses: list[requests.Response] = field(default_factory=list)
+
+    def new_order(self, host: str) -> requests.Response:
+        order = messages.NewOrder(
+            identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=host)]
+        )
+        return self.client.net.post(
+            self.client.directory["newOrder"],
+            order,
+            new_nonce_url=self.client.directory["newNonce"],
+        )
+
+    def last(self, path_part: str) -> requests.Response:
+        return next(r for r in reversed(self.responses) if path_part in r.url)
+
+
+def _acme(pebble: PebbleStack, directory_url: str) -> Acme:
+    key = JWKEC(key=ec.generate_private_key(ec.SECP256R1()))
+    # acme types verify_ssl as bool, but requests takes a CA bundle path there.
+    verify: Any = str(pebble.ca_bundle)
+    net = client.ClientNetwork(key, alg=josepy.jwa.ES256, verify_ssl=verify)
+    acme = Acme(client.ClientV2(client.ClientV2.get_directory(directory_url, net), net))
+
+    def hook(response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        acme.responses.append(response)
+
+    net.session.hooks["response"].append(hook)
+    regr = acme.client.new_account(
+        messages.NewRegistration.from_data(terms_of_service_agreed=True)
+    )
+    net.account = regr
+    return acme
+
+
+def test_classify_pebble_paths() -> None:
+    assert classify_path("/dir") is Endpoint.DIRECTORY
+    assert classify_path("/nonce-plz") is Endpoint.NONCE
+    assert classify_path("/sign-me-up") is Endpoint.NEW_ACCOUNT
+    assert classify_path("/order-plz") is Endpoint.NEW_ORDER
+    assert classify_path("/my-order/abc") is Endpoint.ORDER
+    assert classify_path("/authZ/abc") is Endpoint.AUTHZ
+    assert classify_path("/chalZ/abc") is Endpoint.CHALLENGE
+    assert classify_path("/finalize-order/abc") is Endpoint.FINALIZE
+    assert classify_path("/certZ/abc?x=1") is Endpoint.CERT
+    assert classify_path("/my-account/1") is Endpoint.OTHER
+
+
+def test_fault_needs_status_or_drop() -> None:
+    with pytest.raises(ValueError):
+        Fault()
+    assert Fault.dropped().drop
+    assert Fault.rate_limited().retry_after == "30"
+
+
+def test_pass_through_keeps_client_on_proxy(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    directory = acme.client.directory
+    assert directory["newOrder"] == f"{proxy.url}/order-plz"
+    assert directory["newNonce"] == f"{proxy.url}/nonce-plz"
+    assert acme.client.net.account is not None
+    assert acme.client.net.account.uri.startswith(proxy.url + "/")
+
+    response = acme.new_order("pass.example.com")
+    assert response.status_code == 201
+    assert response.headers["Location"].startswith(f"{proxy.url}/my-order/")
+    body = response.json()
+    assert body["finalize"].startswith(f"{proxy.url}/finalize-order/")
+    [authz_url] = body["authorizations"]
+    assert authz_url.startswith(f"{proxy.url}/authZ/")
+
+    # POST-as-GET on the authz, through the proxy: challenge URLs point at it too.
+    authz = acme.client._post_as_get(authz_url).json()
+    assert authz["identifier"]["value"] == "pass.example.com"
+    assert all(ch["url"].startswith(f"{proxy.url}/chalZ/") for ch in authz["challenges"])
+
+    assert proxy.count(Endpoint.DIRECTORY) == 1
+    assert proxy.count(Endpoint.NONCE) == 1  # later nonces come from Replay-Nonce
+    assert proxy.count(Endpoint.NEW_ACCOUNT) == 1
+    assert proxy.count(Endpoint.NEW_ORDER) == 1
+    assert proxy.count(Endpoint.AUTHZ) == 1
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 1
+    assert proxy.new_orders_for("pass.example.com") == 1
+    assert proxy.new_orders_for("PASS.example.com.") == 1
+    assert proxy.new_orders_for("other.example.com") == 0
+
+
+def test_rate_limited_new_order(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    host = "limited.example.com"
+    proxy.inject(Endpoint.NEW_ORDER, Fault.rate_limited("30"))
+
+    with pytest.raises(messages.Error) as caught:
+        acme.new_order(host)
+    assert caught.value.typ.endswith(":rateLimited")
+    faulted = acme.last("/order-plz")
+    assert faulted.status_code == 429
+    assert faulted.headers["Retry-After"] == "30"
+    assert faulted.headers["Content-Type"] == "application/problem+json"
+    assert faulted.headers["Replay-Nonce"]  # still a well-formed ACME error response
+    assert proxy.new_orders_for(host) == 0
+    assert proxy.pending(Endpoint.NEW_ORDER) == 0
+
+    # The queue is used up: the next new order reaches Pebble.
+    assert acme.new_order(host).status_code == 201
+    assert proxy.count(Endpoint.NEW_ORDER) == 2
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 1
+    assert proxy.new_orders_for(host) == 1
+
+
+def test_retry_after_http_date_is_verbatim(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    when = "Wed, 21 Oct 2037 07:28:00 GMT"
+    proxy.inject(Endpoint.NEW_ORDER, Fault.rate_limited(when), Fault.unavailable(when))
+
+    with pytest.raises(messages.Error):
+        acme.new_order("date.example.com")
+    assert acme.last("/order-plz").headers["Retry-After"] == when
+    with pytest.raises(errors.ClientError):
+        acme.new_order("date.example.com")
+    assert acme.last("/order-plz").status_code == 503
+    assert acme.last("/order-plz").headers["Retry-After"] == when
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 0
+
+
+def test_plain_server_errors_are_client_errors(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    proxy.inject(Endpoint.NEW_ORDER, Fault.server_error(), Fault.unavailable())
+
+    for status in (500, 503):
+        with pytest.raises(errors.ClientError) as caught:
+            acme.new_order("plain.example.com")
+        assert not isinstance(caught.value, messages.Error)
+        response = acme.last("/order-plz")
+        assert response.status_code == status
+        assert "Retry-After" not in response.headers
+        assert response.headers["Content-Type"].startswith("text/plain")
+
+    assert acme.new_order("plain.example.com").status_code == 201
+    assert proxy.count(Endpoint.NEW_ORDER) == 3
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 1
+
+
+def test_dropped_connection(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    proxy.inject(Endpoint.NEW_ORDER, Fault.dropped())
+
+    with pytest.raises(requests.ConnectionError):
+        acme.new_order("drop.example.com")
+    assert proxy.count(Endpoint.NEW_ORDER) == 1
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 0
+
+    # The client reconnects (its pooled connection is gone) and gets through.
+    assert acme.new_order("drop.example.com").status_code == 201
+    assert proxy.new_orders_for("drop.example.com") == 1
+
+
+def test_inject_always_until_cleared(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    proxy.reset_counts()
+    proxy.inject_always(Endpoint.NEW_ORDER, Fault.unavailable("5"))
+    for _ in range(3):
+        with pytest.raises(errors.ClientError):
+            acme.new_order("always.example.com")
+    proxy.inject_always(Endpoint.NEW_ORDER, None)
+    assert acme.new_order("always.example.com").status_code == 201
+
+    proxy.inject(Endpoint.NEW_ORDER, Fault.server_error())
+    proxy.inject_always(Endpoint.NEW_ORDER, Fault.server_error())
+    proxy.clear()
+    assert acme.new_order("always.example.com").status_code == 201
+
+    assert proxy.count(Endpoint.NEW_ORDER) == 5
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 2
+    assert proxy.new_orders_for("always.example.com") == 2
+    proxy.reset_counts()
+    assert proxy.count(Endpoint.NEW_ORDER) == 0
+    assert proxy.new_orders_for("always.example.com") == 0
+
+
+def test_faulted_nonce_endpoint(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    acme.client.net._nonces.clear()  # force a newNonce round trip
+    proxy.inject(Endpoint.NONCE, Fault.unavailable("1"))
+    with pytest.raises(errors.ClientError):
+        acme.new_order("nonce.example.com")
+    response = acme.last("/nonce-plz")
+    assert response.status_code == 503
+    assert "Replay-Nonce" not in response.headers
+    assert acme.new_order("nonce.example.com").status_code == 201
+
+
+def test_full_issuance_through_proxy(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    acme = _acme(pebble, proxy.directory_url)
+    proxy.reset_counts()
+    host = "issue.example.com"
+    key_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    order = acme.client.new_order(crypto_util.make_csr(key_pem, [host]))
+    assert order.uri is not None and order.uri.startswith(f"{proxy.url}/my-order/")
+    [authz] = order.authorizations
+    challenge = next(c for c in authz.body.challenges if c.chall.typ == "http-01")
+    assert challenge.uri.startswith(f"{proxy.url}/chalZ/")
+    account_key = acme.client.net.key
+    acme.client.answer_challenge(challenge, challenge.response(account_key))
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=15)
+    done = acme.client.poll_and_finalize(order, deadline)
+    assert done.body.certificate is not None
+    assert done.body.certificate.startswith(f"{proxy.url}/certZ/")
+    assert "BEGIN CERTIFICATE" in (done.fullchain_pem or "")
+
+    assert proxy.count(Endpoint.NEW_ORDER) == proxy.forwarded(Endpoint.NEW_ORDER) == 1
+    assert proxy.new_orders_for(host) == 1
+    assert proxy.count(Endpoint.CHALLENGE) == 1
+    assert proxy.count(Endpoint.AUTHZ) >= 1
+    assert proxy.count(Endpoint.FINALIZE) == 1
+    assert proxy.count(Endpoint.CERT) == 1
+    assert proxy.count(Endpoint.DIRECTORY) == proxy.count(Endpoint.OTHER) == 0
+
+
+def test_concurrent_requests_consume_each_fault_once(
+    pebble: PebbleStack, proxy: FaultProxy
+) -> None:
+    proxy.inject(Endpoint.DIRECTORY, *[Fault.unavailable()] * 5)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def fetch() -> None:
+        with requests.Session() as session:
+            for _ in range(4):
+                status = session.get(proxy.directory_url, verify=str(pebble.ca_bundle)).status_code
+                with lock:
+                    statuses.append(status)
+
+    threads = [threading.Thread(target=fetch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(statuses) == [200] * 27 + [503] * 5
+    assert proxy.count(Endpoint.DIRECTORY) == 32
+    assert proxy.forwarded(Endpoint.DIRECTORY) == 27
+
+
+def test_stop_closes_kept_alive_connections(pebble: PebbleStack, pebble_dir: Path) -> None:
+    before = {t.ident for t in threading.enumerate()}
+    proxy = start_fault_proxy(pebble, pebble_dir)
+    context = ssl.create_default_context(cafile=str(pebble.ca_bundle))
+    port = int(proxy.url.rsplit(":", 1)[1])
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    session = requests.Session()
+    try:
+        # Keep-alive: several requests on one connection.
+        for method, path in (("GET", "/dir"), ("HEAD", "/nonce-plz"), ("GET", "/nonce-plz")):
+            conn.request(method, path)
+            answer = conn.getresponse()
+            body = answer.read()
+            assert answer.status in (200, 204)
+            assert answer.getheader("Connection") != "close"
+            if path == "/dir":
+                assert f"{proxy.url}/order-plz".encode() in body
+            else:
+                assert answer.getheader("Replay-Nonce")
+        assert session.get(proxy.directory_url, verify=str(pebble.ca_bundle)).ok
+
+        proxy.stop()  # with conn and the session's connection still open
+        proxy.stop()  # idempotent
+        leftover = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+        assert leftover == []
+        with pytest.raises(requests.ConnectionError):
+            requests.get(proxy.directory_url, verify=str(pebble.ca_bundle), timeout=5)
+    finally:
+        session.close()
+        conn.close()
+        proxy.stop()
