@@ -2,6 +2,10 @@
 
     python starter.py request HOST... [--tenant T] [--wait SECONDS]
     python starter.py status HOST [--json]
+    python starter.py list [--status S] [--json]
+    python starter.py retry HOST | renew HOST | cancel HOST | delete HOST [--revoke]
+    python starter.py cooldown [--clear]
+    python starter.py reconcile [--install [--every SECONDS]]
     python starter.py migrate
     python starter.py demo [--exit]
 
@@ -13,21 +17,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
-from certflow import certificates
+from certflow import certificates, cooldown
+from certflow.cooldown import Cooldown
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
@@ -36,7 +48,14 @@ from certflow.models import (
     CertificateInput,
     CertificateState,
     CertificateStatus,
+    DeleteRequest,
+    ReconcileResult,
     workflow_id_for,
+)
+from certflow.schedules import (
+    RECONCILE_SCHEDULE_ID,
+    RECONCILE_WORKFLOW_TYPE,
+    install_reconcile_schedule,
 )
 from certflow.settings import ClientSettings, load_settings
 
@@ -55,12 +74,22 @@ class CertificateStatusReport:
     workflow_id: str
     phase: str | None = None
     next_attempt_at: datetime | None = None
+    cooldown_until: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             key: value.isoformat() if isinstance(value, datetime) else value
             for key, value in self.__dict__.items()
         }
+
+
+class ActionRejectedError(Exception):
+    """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
+
+
+def _rejection(err: WorkflowUpdateFailedError) -> str:
+    cause = err.cause
+    return str(getattr(cause, "message", None) or cause or err)
 
 
 class CertflowClient:
@@ -120,6 +149,10 @@ class CertflowClient:
             serial=row["serial"],
             workflow_id=workflow_id_for(hostname),
         )
+        if report.status != CertificateStatus.ACTIVE:
+            in_force = await cooldown.active_cooldowns(self.pool)
+            if in_force:
+                report.cooldown_until = max(c.until for c in in_force)
         try:
             state = await self.handle(hostname).query("status", result_type=CertificateState)
         except RPCError:
@@ -127,6 +160,96 @@ class CertflowClient:
         report.phase = state.phase
         report.next_attempt_at = state.next_attempt_at
         return report
+
+    async def list_certificates(self, status: str | None = None) -> list[dict[str, Any]]:
+        """Certificates from Postgres, optionally of one status."""
+        return await certificates.list_certificates(self.pool, status)
+
+    async def retry(self, hostname: str) -> CertificateState:
+        """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
+        return await self._update(hostname, "retry")
+
+    async def renew(self, hostname: str) -> CertificateState:
+        """Renew an ACTIVE certificate now (the ``renew`` update)."""
+        return await self._update(hostname, "renew")
+
+    async def cancel(self, hostname: str) -> CertificateState:
+        """Stop provisioning and renewal: CANCELED, the open authorization deactivated."""
+        return await self._update_with_start(hostname, "cancel", None)
+
+    async def delete(self, hostname: str, *, revoke: bool = False) -> CertificateState:
+        """Cancel, optionally revoke the current certificate, and remove the rows."""
+        return await self._update_with_start(hostname, "delete", DeleteRequest(revoke=revoke))
+
+    async def cooldowns(self) -> list[Cooldown]:
+        """Rate-limit cooldowns in force (one per CA directory)."""
+        return await cooldown.active_cooldowns(self.pool)
+
+    async def clear_cooldowns(self) -> list[str]:
+        """End every cooldown now (after the CA lifted a limit) and wake the workflows
+        that were waiting for it; returns their hostnames."""
+        await cooldown.clear_all(self.pool)
+        waiting = await certificates.waiting_for_cooldown(self.pool)
+        for hostname in waiting:
+            with contextlib.suppress(RPCError):
+                await self.handle(hostname).signal("retry")
+        return waiting
+
+    async def install_reconcile(self, every_seconds: float) -> None:
+        await install_reconcile_schedule(self.temporal, self.task_queue, every_seconds)
+
+    async def reconcile_now(self) -> ReconcileResult:
+        """One reconcile pass, run by a worker, waited for."""
+        result: ReconcileResult = await self.temporal.execute_workflow(
+            RECONCILE_WORKFLOW_TYPE,
+            id=f"{RECONCILE_SCHEDULE_ID}-manual-{uuid.uuid4().hex[:8]}",
+            task_queue=self.task_queue,
+            result_type=ReconcileResult,
+        )
+        return result
+
+    async def _update(self, hostname: str, update: str) -> CertificateState:
+        hostname = normalize_hostname(hostname)
+        try:
+            state: CertificateState = await self.handle(hostname).execute_update(
+                update, result_type=CertificateState
+            )
+        except WorkflowUpdateFailedError as err:
+            raise ActionRejectedError(_rejection(err)) from None
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                raise ActionRejectedError(
+                    f"{hostname} has no running workflow (request it first)"
+                ) from None
+            raise
+        return state
+
+    async def _update_with_start(
+        self, hostname: str, update: str, arg: DeleteRequest | None
+    ) -> CertificateState:
+        """Deliver the update, starting the workflow first if none runs (so a worker,
+        which holds the ACME account, carries it out)."""
+        hostname = normalize_hostname(hostname)
+        row = await certificates.certificate_summary(self.pool, hostname)
+        if row is None:
+            raise ActionRejectedError(f"no certificate for {hostname}")
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            WORKFLOW_TYPE,
+            CertificateInput(hostname=hostname, tenant_id=row["tenant_id"]),
+            id=workflow_id_for(hostname),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            state: CertificateState = await self.temporal.execute_update_with_start_workflow(
+                update,
+                arg,
+                start_workflow_operation=start,
+                result_type=CertificateState,
+            )
+        except WorkflowUpdateFailedError as err:
+            raise ActionRejectedError(_rejection(err)) from None
+        return state
 
     async def wait(
         self, hostnames: Sequence[str], timeout: float, poll_interval: float = 0.2
@@ -179,6 +302,46 @@ async def _cli(args: argparse.Namespace) -> int:
             reports = await client.wait(hostnames, args.wait)
             _print_table(list(reports.values()), hostnames)
             return 0 if all(r and r.status == "ACTIVE" for r in reports.values()) else 1
+        if args.command in ("retry", "renew", "cancel"):
+            state = await getattr(client, args.command)(args.hostname)
+            print(f"{state.hostname}: {state.status} ({state.phase})")
+            return 0
+        if args.command == "delete":
+            state = await client.delete(args.hostname, revoke=args.revoke)
+            print(f"{state.hostname}: {state.phase}")
+            if state.error_message:
+                print(f"certflow: {state.error_message}", file=sys.stderr)
+            return 0 if state.phase == "deleted" else 1
+        if args.command == "list":
+            rows = await client.list_certificates(args.status)
+            if args.json:
+                print(json.dumps(rows, indent=2, default=str))
+            else:
+                for row in rows:
+                    expires = row["expires_at"].strftime("%Y-%m-%d") if row["expires_at"] else "-"
+                    print(f"{row['hostname']}  {row['status']}  {expires}  {row['error_code'] or ''}")
+            return 0
+        if args.command == "cooldown":
+            if args.clear:
+                woken = await client.clear_cooldowns()
+                print(f"cooldown cleared; woke {len(woken)} waiting workflow(s)")
+                return 0
+            in_force = await client.cooldowns()
+            if not in_force:
+                print("no cooldown in force")
+            for c in in_force:
+                print(f"{c.directory_url}: until {c.until.isoformat()} ({c.problem_type or ''} {c.detail or ''})")
+            return 0
+        if args.command == "reconcile":
+            if args.install:
+                await client.install_reconcile(args.every)
+                print(f"reconcile schedule installed: every {args.every:g} s")
+                return 0
+            result = await client.reconcile_now()
+            print(f"checked {result.checked} certificates; started {len(result.started)} workflows")
+            for hostname in result.started:
+                print(f"  started {hostname}")
+            return 0
         if args.command == "status":
             report = await client.status(args.hostname)
             if report is None:
@@ -208,6 +371,23 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a certificate's status")
     status.add_argument("hostname", metavar="HOST")
     status.add_argument("--json", action="store_true")
+    for action, text in (
+        ("retry", "retry now (DNS fixed, or a FAILED certificate)"),
+        ("renew", "renew an ACTIVE certificate now"),
+        ("cancel", "stop provisioning and renewal (status CANCELED)"),
+    ):
+        sub.add_parser(action, help=text).add_argument("hostname", metavar="HOST")
+    delete = sub.add_parser("delete", help="cancel and remove the certificate's rows")
+    delete.add_argument("hostname", metavar="HOST")
+    delete.add_argument("--revoke", action="store_true", help="revoke the current certificate first")
+    listing = sub.add_parser("list", help="list certificates")
+    listing.add_argument("--status", type=str.upper, choices=[s.value for s in CertificateStatus])
+    listing.add_argument("--json", action="store_true")
+    cooldown_cmd = sub.add_parser("cooldown", help="show (or clear) the CA rate-limit cooldown")
+    cooldown_cmd.add_argument("--clear", action="store_true")
+    reconcile = sub.add_parser("reconcile", help="start missing workflows now, or install the schedule")
+    reconcile.add_argument("--install", action="store_true")
+    reconcile.add_argument("--every", type=float, default=300.0, metavar="SECONDS")
     sub.add_parser("migrate", help="apply database migrations")
     demo = sub.add_parser("demo", help="run everything locally and issue three demo certificates")
     demo.add_argument("--exit", action="store_true", help="stop after printing the table")
@@ -228,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidHostnameError as err:
         print(f"certflow: {err}", file=sys.stderr)
         return 2
+    except ActionRejectedError as err:
+        print(f"certflow: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -335,3 +335,27 @@ async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> st
         "SELECT ssl_certificate FROM certificates WHERE id = $1::uuid", certificate_id
     )
     return str(value) if value is not None else None
+
+
+async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> list[dict[str, Any]]:
+    """Public facts about every certificate (optionally of one status), by hostname."""
+    rows = await pool.fetch(
+        """
+        SELECT hostname::text AS hostname, tenant_id, status,
+               provisioning_error AS error_code, provisioning_error_message AS error_message,
+               ssl_retry_count AS retry_count, ssl_serial AS serial,
+               ssl_expires_at AS expires_at, updated_at
+        FROM certificates WHERE $1::text IS NULL OR status = $1 ORDER BY hostname
+        """,
+        status,
+    )
+    return [dict(r) for r in rows]
+
+
+async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
+    """Hostnames held back by a rate limit before opening a new order."""
+    rows = await pool.fetch(
+        "SELECT hostname::text AS hostname FROM certificates"
+        " WHERE provisioning_error = 'ACME_RATE_LIMITED' AND http_order_url IS NULL"
+    )
+    return [r["hostname"] for r in rows]

@@ -59,3 +59,17 @@ async def clear_cooldown(pool: asyncpg.Pool, directory_url: str) -> bool:
         "DELETE FROM acme_cooldowns WHERE directory_url = $1 RETURNING true", directory_url
     )
     return bool(result)
+
+
+async def active_cooldowns(pool: asyncpg.Pool) -> list[Cooldown]:
+    """Every cooldown in force, whatever the CA."""
+    rows = await pool.fetch(
+        "SELECT directory_url, until, problem_type, detail FROM acme_cooldowns"
+        " WHERE until > now() ORDER BY until DESC"
+    )
+    return [Cooldown(**dict(r)) for r in rows]
+
+
+async def clear_all(pool: asyncpg.Pool) -> int:
+    result = await pool.execute("DELETE FROM acme_cooldowns")
+    return int(result.split()[-1])
