@@ -24,6 +24,7 @@ from activities.records import RecordActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
+from certflow.logs import configure_logging
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
@@ -138,12 +139,12 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings: Settings = load_settings()
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_format, settings.log_level)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

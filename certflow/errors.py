@@ -8,6 +8,7 @@ workflow and retry policies match on the code, never on message text.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -117,8 +118,20 @@ class AcmeProblemError(CertflowError):
 
 
 def to_application_error(err: CertflowError) -> Exception:
-    """The Temporal form of err: ``type`` is the code, details carry the data."""
+    """The Temporal form of err: ``type`` is the code, details carry the data.
+
+    Called from activities; it also logs the failure with its data, at error
+    level for temporary ACME errors and warning for the rest (as the original).
+    """
+    from temporalio import activity
     from temporalio.exceptions import ApplicationError
+
+    level = logging.ERROR if err.code is ErrorCode.ACME_TEMPORARY else logging.WARNING
+    fields = {k: v for k, v in err.details().items() if v not in (None, "", [])}
+    fields["error_code"] = fields.pop("code")
+    fields["error_message"] = fields.pop("message")
+    logger = activity.logger if activity.in_activity() else logging.getLogger("certflow")
+    logger.log(level, "certificate step failed: %s", err.message, extra=fields)
 
     return ApplicationError(
         err.message,

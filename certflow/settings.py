@@ -63,6 +63,11 @@ def decode_encryption_key(value: str) -> bytes:
     return raw
 
 
+class LogFormat(StrEnum):
+    JSON = "json"
+    TEXT = "text"
+
+
 class ClientSettings(BaseSettings):
     """What a client of certflow (starter.py, a product backend) needs."""
 
@@ -104,6 +109,8 @@ class Settings(ClientSettings):
     dns_resolver: str
     managed_base_domain: str | None = None
     http01_listen: str = "0.0.0.0:80"
+    log_format: LogFormat = LogFormat.JSON
+    log_level: str = "INFO"
 
     # Provisioning policy, handed to workflows through an activity result so
     # that operators tune it here and histories replay unchanged.
@@ -153,6 +160,13 @@ class Settings(ClientSettings):
     def _host_port(cls, value: str) -> str:
         parse_host_port(value)
         return value.strip()
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError(f"must be DEBUG, INFO, WARNING or ERROR, got {value!r}")
+        return value.upper()
 
     @field_validator("cname_target", "caa_issuer_domain", "managed_base_domain")
     @classmethod
