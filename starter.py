@@ -3,6 +3,7 @@
     python starter.py request HOST... [--tenant T] [--wait SECONDS]
     python starter.py status HOST [--json]
     python starter.py list [--status S] [--json]
+    python starter.py events HOST [--json]
     python starter.py retry HOST | renew HOST | cancel HOST | delete HOST [--revoke]
     python starter.py cooldown [--clear]
     python starter.py reconcile [--install [--every SECONDS]]
@@ -165,6 +166,10 @@ class CertflowClient:
         """Certificates from Postgres, optionally of one status."""
         return await certificates.list_certificates(self.pool, status)
 
+    async def events(self, hostname: str) -> list[dict[str, Any]]:
+        """The certificate's transitions, oldest first."""
+        return await certificates.events(self.pool, normalize_hostname(hostname))
+
     async def retry(self, hostname: str) -> CertificateState:
         """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
         return await self._update(hostname, "retry")
@@ -312,6 +317,15 @@ async def _cli(args: argparse.Namespace) -> int:
             if state.error_message:
                 print(f"certflow: {state.error_message}", file=sys.stderr)
             return 0 if state.phase == "deleted" else 1
+        if args.command == "events":
+            rows = await client.events(args.hostname)
+            if args.json:
+                print(json.dumps(rows, indent=2, default=str))
+            for row in [] if args.json else rows:
+                change = f"{row['from_status'] or '-'} → {row['to_status']}"
+                code = f" {row['error_code']}" if row["error_code"] else ""
+                print(f"{row['at']:%Y-%m-%d %H:%M:%S}  {change}{code}  {row['message'] or ''}")
+            return 0
         if args.command == "list":
             rows = await client.list_certificates(args.status)
             if args.json:
@@ -380,6 +394,9 @@ def _parser() -> argparse.ArgumentParser:
     delete = sub.add_parser("delete", help="cancel and remove the certificate's rows")
     delete.add_argument("hostname", metavar="HOST")
     delete.add_argument("--revoke", action="store_true", help="revoke the current certificate first")
+    events = sub.add_parser("events", help="a certificate's transitions")
+    events.add_argument("hostname", metavar="HOST")
+    events.add_argument("--json", action="store_true")
     listing = sub.add_parser("list", help="list certificates")
     listing.add_argument("--status", type=str.upper, choices=[s.value for s in CertificateStatus])
     listing.add_argument("--json", action="store_true")

@@ -359,3 +359,17 @@ async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
         " WHERE provisioning_error = 'ACME_RATE_LIMITED' AND http_order_url IS NULL"
     )
     return [r["hostname"] for r in rows]
+
+
+async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[dict[str, Any]]:
+    """The hostname's transitions, oldest first (the last ``limit``)."""
+    rows = await pool.fetch(
+        """
+        SELECT at, from_status, to_status, error_code, message FROM (
+            SELECT * FROM certificate_events WHERE hostname = $1 ORDER BY id DESC LIMIT $2
+        ) e ORDER BY id
+        """,
+        hostname,
+        limit,
+    )
+    return [dict(r) for r in rows]
