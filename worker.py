@@ -25,6 +25,7 @@ from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.logs import configure_logging
+from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
@@ -51,10 +52,13 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         except DecryptionError as err:
             raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
         check_profile(account, settings.acme_profile)
+        runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
+        metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
         client = await Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
             data_converter=pydantic_data_converter,
+            runtime=runtime,
         )
         executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
         acme = AcmeActivities(
@@ -64,6 +68,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             settings.acme_key_type,
             executor,
             profile=settings.acme_profile,
+            metrics=metrics,
         )
         records = RecordActivities(
             pool, settings.provisioning_policy(), settings.managed_base_domain
@@ -74,7 +79,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 resolver=f"{host}:{port}",
                 cname_target=settings.cname_target,
                 caa_issuer_domain=settings.caa_issuer_domain,
-            )
+            ),
+            metrics,
         )
         worker = Worker(
             client,
@@ -116,6 +122,13 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         responder_task = asyncio.create_task(
             responder.serve(sockets=[listener]), name="http01-responder"
         )
+        background = []
+        if runtime is not None:
+            background.append(
+                asyncio.create_task(
+                    metrics.run_refresh(pool, settings.metrics_refresh_seconds), name="metrics"
+                )
+            )
         log.info(
             "worker started",
             extra={"task_queue": settings.task_queue, "http01": settings.http01_listen},
@@ -130,6 +143,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                     responder_task.result()
                     raise RuntimeError("the HTTP-01 responder stopped unexpectedly")
         finally:
+            for task in background:
+                task.cancel()
             responder.should_exit = True
             await asyncio.gather(responder_task, return_exceptions=True)
             executor.shutdown(wait=False, cancel_futures=True)

@@ -14,7 +14,8 @@ import time
 from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import requests
@@ -39,6 +40,7 @@ from certflow.crypto import (
     split_fullchain,
 )
 from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_application_error
+from certflow.metrics import CertflowMetrics
 from certflow.models import (
     AcceptChallengeInput,
     CreateOrderInput,
@@ -83,6 +85,7 @@ class AcmeActivities:
         key_type: KeyType,
         executor: ThreadPoolExecutor,
         profile: str | None = None,
+        metrics: CertflowMetrics | None = None,
     ) -> None:
         self._clients = clients
         self._pool = pool
@@ -90,6 +93,24 @@ class AcmeActivities:
         self._key_type = key_type
         self._executor = executor
         self._profile = profile
+        self._metrics = metrics or CertflowMetrics()
+
+    async def _step(
+        self,
+        phase: str,
+        work: Awaitable[T],
+        result_of: Callable[[T], str] = lambda _: "ok",
+    ) -> T:
+        """Run one activity's work: metrics by phase and result; typed errors out."""
+        started = time.monotonic()
+        try:
+            result = await work
+        except CertflowError as err:
+            limited = err.code is ErrorCode.ACME_RATE_LIMITED
+            self._metrics.step(phase, "rate_limited" if limited else "error", started)
+            raise to_application_error(err) from None
+        self._metrics.step(phase, result_of(result), started)
+        return result
 
     @property
     def _directory_url(self) -> str:
@@ -110,7 +131,8 @@ class AcmeActivities:
             raise await self._typed(classify_acme_failure(exc)) from None
 
     async def _typed(self, err: AcmeProblemError) -> AcmeProblemError:
-        """Record a rate limit as the shared cooldown before reporting it."""
+        """Count the CA error; record a rate limit as the shared cooldown before reporting it."""
+        self._metrics.acme_error(err.problem_type)
         if err.code is ErrorCode.ACME_RATE_LIMITED:
             seconds = err.retry_after_seconds
             if seconds is None:
@@ -120,6 +142,7 @@ class AcmeActivities:
                     self._pool, self._directory_url, seconds, err.problem_type, err.detail
                 )
                 err.retry_after_seconds = max(0.0, until.timestamp() - time.time())
+                self._metrics.cooldown(until)
         return err
 
     def _post_as_get(self, client: acme_client.ClientV2, url: str) -> _Fetched:
@@ -134,20 +157,21 @@ class AcmeActivities:
 
         Nothing is sent while the shared rate-limit cooldown runs.
         """
-        try:
-            active = await cooldown.active_cooldown(self._pool, self._directory_url)
-            if active is not None:
-                remaining = max(0.0, active.until.timestamp() - time.time())
-                raise AcmeProblemError(
-                    code=ErrorCode.ACME_RATE_LIMITED,
-                    message=f"the CA is rate-limiting new orders until {active.until.isoformat()}",
-                    problem_type=active.problem_type or "",
-                    detail=active.detail or "",
-                    retry_after_seconds=remaining,
-                )
-            return await self._call(lambda client: self._open_order(client, input.hostname))
-        except CertflowError as err:
-            raise to_application_error(err) from None
+        return await self._step("create_order", self._create_order(input.hostname))
+
+    async def _create_order(self, hostname: str) -> OpenedOrder:
+        active = await cooldown.active_cooldown(self._pool, self._directory_url)
+        self._metrics.cooldown(active.until if active else None)
+        if active is not None:
+            remaining = max(0.0, active.until.timestamp() - time.time())
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_RATE_LIMITED,
+                message=f"the CA is rate-limiting new orders until {active.until.isoformat()}",
+                problem_type=active.problem_type or "",
+                detail=active.detail or "",
+                retry_after_seconds=remaining,
+            )
+        return await self._call(lambda client: self._open_order(client, hostname))
 
     def _open_order(self, client: acme_client.ClientV2, hostname: str) -> OpenedOrder:
         new_order = messages.NewOrder(
@@ -183,10 +207,9 @@ class AcmeActivities:
     @activity.defn(name="accept_challenge")
     async def accept_challenge(self, input: AcceptChallengeInput) -> None:
         """Ask the CA to validate. A challenge already validating or valid is success."""
-        try:
-            await self._call(lambda client: self._accept(client, input.challenge_url))
-        except CertflowError as err:
-            raise to_application_error(err) from None
+        await self._step(
+            "accept_challenge", self._call(lambda client: self._accept(client, input.challenge_url))
+        )
 
     def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> None:
         try:
@@ -207,10 +230,11 @@ class AcmeActivities:
     async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
         """Poll the order every few tens of milliseconds (heartbeating) until it is
         ready or valid, or the window ends. An invalid order is ACME_INVALID_ORDER."""
-        try:
-            return await self._wait_for_order(input)
-        except CertflowError as err:
-            raise to_application_error(err) from None
+        return await self._step(
+            "poll_order",
+            self._wait_for_order(input),
+            lambda progress: "ok" if progress.status in ("ready", "valid") else "not_ready",
+        )
 
     async def _wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
         started = time.monotonic()
@@ -273,10 +297,7 @@ class AcmeActivities:
     async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
         """Finalize the order with a new key stored beforehand, download the chain,
         check it matches the key, and make it the current certificate."""
-        try:
-            return await self._finalize_and_store(input)
-        except CertflowError as err:
-            raise to_application_error(err) from None
+        return await self._step("issue_cert", self._finalize_and_store(input))
 
     async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
         stored_leaf = await certificates.issued_by_order(

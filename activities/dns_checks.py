@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import time
 import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -32,6 +33,7 @@ from temporalio import activity
 
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode, to_application_error
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.metrics import CertflowMetrics
 from certflow.models import CheckDnsInput
 
 __all__ = [
@@ -533,13 +535,18 @@ class DnsChecker:
 class DnsActivities:
     """The ``check_dns`` activity around a :class:`DnsChecker`."""
 
-    def __init__(self, checker: DnsChecker) -> None:
+    def __init__(self, checker: DnsChecker, metrics: CertflowMetrics | None = None) -> None:
         self._checker = checker
+        self._metrics = metrics or CertflowMetrics()
 
     @activity.defn(name="check_dns")
     async def check_dns(self, input: CheckDnsInput) -> None:
         """CNAME then CAA; a typed DNS_CNAME / DNS_CAA / ACME_TEMPORARY error otherwise."""
+        started = time.monotonic()
         try:
             await self._checker.check(input.hostname)
         except DnsCheckError as err:
+            dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
+            self._metrics.step("dns_check", "dns_error" if dns else "error", started)
             raise to_application_error(err) from None
+        self._metrics.step("dns_check", "ok", started)

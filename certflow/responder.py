@@ -147,6 +147,7 @@ def responder_server(app: ChallengeResponder, host: str, port: int) -> uvicorn.S
         port=port,
         lifespan="off",
         access_log=False,
+        log_config=None,  # the host process's logging (JSON lines) applies
         log_level="warning",
         server_header=False,
         date_header=False,

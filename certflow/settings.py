@@ -110,6 +110,8 @@ class Settings(ClientSettings):
     managed_base_domain: str | None = None
     http01_listen: str = "0.0.0.0:80"
     log_format: LogFormat = LogFormat.JSON
+    metrics_listen: str | None = None
+    metrics_refresh_seconds: float = Field(default=120.0, gt=0)
     log_level: str = "INFO"
 
     # Provisioning policy, handed to workflows through an activity result so
@@ -155,9 +157,11 @@ class Settings(ClientSettings):
             raise ValueError(f"{str(value)!r} holds no PEM certificate")
         return value
 
-    @field_validator("dns_resolver", "http01_listen")
+    @field_validator("dns_resolver", "http01_listen", "metrics_listen")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
         parse_host_port(value)
         return value.strip()
 

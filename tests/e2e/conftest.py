@@ -63,6 +63,8 @@ def deployment(
             "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
             "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
             "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "4",
+            "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+            "CERTFLOW_METRICS_REFRESH_SECONDS": "1",
         },
     )
     workdir: Path = tmp_path_factory.mktemp("e2e-worker")

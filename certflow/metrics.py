@@ -1,0 +1,132 @@
+"""Prometheus metrics, exported by the Temporal SDK's own exporter on
+``CERTFLOW_METRICS_LISTEN`` next to the SDK's metrics.
+
+The names and labels are the original system's (SPEC §8) so existing
+dashboards keep working: steps by phase and result, step durations, ACME errors
+by problem type, the cooldown gauges; plus certificates by status and the
+soonest expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from datetime import datetime, timezone
+
+import asyncpg
+from temporalio.common import MetricMeter
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("PENDING", "PROVISIONING", "ACTIVE", "RENEWING", "FAILED", "EXPIRED", "CANCELED")
+
+
+def prometheus_runtime(bind_address: str) -> Runtime:
+    """A Temporal runtime serving /metrics on bind_address, durations in seconds."""
+    return Runtime(
+        telemetry=TelemetryConfig(
+            metrics=PrometheusConfig(bind_address=bind_address, durations_as_seconds=True)
+        )
+    )
+
+
+def problem_label(problem_type: str) -> str:
+    """The RFC 8555 error suffix lower-cased (``ratelimited``), ``unknown`` otherwise."""
+    if problem_type.startswith("urn:ietf:params:acme:error:"):
+        return problem_type.rsplit(":", 1)[-1].lower()
+    return "unknown"
+
+
+class CertflowMetrics:
+    """The certmanager_* instruments; with the no-op meter it records nothing."""
+
+    def __init__(self, meter: MetricMeter = MetricMeter.noop) -> None:
+        self._steps = meter.create_counter(
+            "certmanager_certificate_provision_steps_total", "Provisioning steps by phase and result"
+        )
+        self._durations = meter.create_histogram_float(
+            "certmanager_certificate_provision_step_duration_seconds",
+            "Provisioning step duration",
+            "s",
+        )
+        self._acme_errors = meter.create_counter(
+            "certmanager_certificate_acme_errors_total", "ACME errors by problem type"
+        )
+        self._cooldown = meter.create_gauge_float(
+            "certmanager_certificate_acme_cooldown", "1 while the CA rate-limit cooldown runs"
+        )
+        self._cooldown_until = meter.create_gauge_float(
+            "certmanager_certificate_acme_cooldown_until_timestamp_seconds",
+            "When the CA rate-limit cooldown ends (Unix time; 0 when none)",
+        )
+        self._by_status = meter.create_gauge_float(
+            "certflow_certificates", "Certificates by status"
+        )
+        self._soonest_expiry = meter.create_gauge_float(
+            "certflow_certificate_soonest_expiry_timestamp_seconds",
+            "The earliest not_after among served certificates (Unix time)",
+        )
+        self._cooldown_reset: asyncio.TimerHandle | None = None
+
+    def step(self, phase: str, result: str, started: float) -> None:
+        """Count one step and its duration (``started`` from time.monotonic())."""
+        self._steps.with_additional_attributes({"phase": phase, "result": result}).add(1)
+        self._durations.with_additional_attributes({"phase": phase}).record(
+            time.monotonic() - started
+        )
+
+    def acme_error(self, problem_type: str) -> None:
+        self._acme_errors.with_additional_attributes({"problem_type": problem_label(problem_type)}).add(1)
+
+    def cooldown(self, until: datetime | None) -> None:
+        """Show the cooldown; it drops back to 0 by itself when it ends."""
+        now = datetime.now(timezone.utc)
+        running = until is not None and until > now
+        self._cooldown.set(1.0 if running else 0.0)
+        self._cooldown_until.set(until.timestamp() if running and until else 0.0)
+        if self._cooldown_reset is not None:
+            self._cooldown_reset.cancel()
+            self._cooldown_reset = None
+        if running and until is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._cooldown_reset = loop.call_later(
+                (until - now).total_seconds(), self.cooldown, None
+            )
+
+    async def refresh_from_database(self, pool: asyncpg.Pool) -> None:
+        """Certificates by status, soonest expiry and the cooldown: one query."""
+        row = await pool.fetchrow(
+            """
+            SELECT
+                (SELECT coalesce(json_object_agg(status, n), '{}')
+                   FROM (SELECT status, count(*) AS n FROM certificates GROUP BY status) s)
+                   AS by_status,
+                (SELECT min(ssl_expires_at) FROM certificates
+                   WHERE status IN ('ACTIVE', 'RENEWING')) AS soonest,
+                (SELECT max(until) FROM acme_cooldowns) AS cooldown_until
+            """
+        )
+        assert row is not None
+        counts = json.loads(row["by_status"])
+        for status in STATUSES:
+            self._by_status.with_additional_attributes({"status": status}).set(
+                float(counts.get(status, 0))
+            )
+        if row["soonest"] is not None:
+            self._soonest_expiry.set(row["soonest"].timestamp())
+        self.cooldown(row["cooldown_until"])
+
+    async def run_refresh(self, pool: asyncpg.Pool, every_seconds: float) -> None:
+        """Refresh the database-driven gauges forever (cancel the task to stop)."""
+        while True:
+            try:
+                await self.refresh_from_database(pool)
+            except (OSError, asyncpg.PostgresError) as err:
+                log.warning("metrics refresh failed: %s", err)
+            await asyncio.sleep(every_seconds)

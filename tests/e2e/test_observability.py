@@ -1,0 +1,119 @@
+"""What operators see: /metrics with the original's names, JSON log lines without keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.request
+
+import asyncpg
+import pytest
+
+from certflow import cooldown
+from starter import CertflowClient
+from tests.e2e.conftest import Deployment
+
+pytestmark = pytest.mark.e2e
+
+
+def _scrape(deployment: Deployment) -> dict[str, float]:
+    url = f"http://{deployment.env['CERTFLOW_METRICS_LISTEN']}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    series: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            # Drop the exporter's own label so tests read like dashboards.
+            name = re.sub(r',?service_name="[^"]*"', "", name).replace("{,", "{").replace("{}", "")
+            series[name] = float(value)
+    return series
+
+
+def _value(series: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the series of name whose labels include these."""
+    total = 0.0
+    for key, value in series.items():
+        if key.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += value
+    return total
+
+
+async def _issue(deployment: Deployment, client: CertflowClient, label: str) -> str:
+    hostname = deployment.hostname(label)
+    await client.request([hostname])
+    reports = await client.wait([hostname], 60)
+    assert reports[hostname] and reports[hostname].status == "ACTIVE"
+    return hostname
+
+
+async def test_metrics_after_issuance_have_the_original_names(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    await _issue(deployment, client, "metrics")
+    await asyncio.sleep(1.5)  # one refresh of the database-driven gauges
+    series = _scrape(deployment)
+    steps = "certmanager_certificate_provision_steps_total"
+    for phase in ("dns_check", "create_order", "poll_order", "issue_cert"):
+        assert _value(series, steps, phase=phase, result="ok") >= 1, phase
+        count = "certmanager_certificate_provision_step_duration_seconds_count"
+        assert _value(series, count, phase=phase) >= 1, phase
+    assert _value(series, "certflow_certificates", status="ACTIVE") >= 1
+    assert _value(series, "certflow_certificate_soonest_expiry_timestamp_seconds") > time.time()
+    # The Temporal SDK's own metrics are on the same endpoint.
+    assert any(name.startswith("temporal_") for name in series)
+
+
+async def test_dns_error_is_counted(deployment: Deployment, client: CertflowClient) -> None:
+    before = _value(_scrape(deployment), "certmanager_certificate_provision_steps_total",
+                    phase="dns_check", result="dns_error")
+    hostname = deployment.bare_hostname("metrics-dns")
+    await client.request([hostname])
+    await client.wait([hostname], 30)
+    after = _value(_scrape(deployment), "certmanager_certificate_provision_steps_total",
+                   phase="dns_check", result="dns_error")
+    assert after > before
+
+
+async def test_cooldown_gauge_follows_the_shared_cooldown(
+    deployment: Deployment, db: asyncpg.Pool
+) -> None:
+    directory = deployment.env["CERTFLOW_ACME_DIRECTORY_URL"]
+    until = await cooldown.extend_cooldown(db, directory, 3, "urn:ietf:params:acme:error:rateLimited", "test")
+    try:
+        deadline = time.monotonic() + 10
+        while _value(_scrape(deployment), "certmanager_certificate_acme_cooldown") != 1:
+            assert time.monotonic() < deadline, "cooldown gauge never went to 1"
+            await asyncio.sleep(0.2)
+        stamp = _value(_scrape(deployment), "certmanager_certificate_acme_cooldown_until_timestamp_seconds")
+        assert abs(stamp - until.timestamp()) < 1
+        deadline = time.monotonic() + 15
+        while _value(_scrape(deployment), "certmanager_certificate_acme_cooldown") != 0:
+            assert time.monotonic() < deadline, "cooldown gauge never went back to 0"
+            await asyncio.sleep(0.2)
+    finally:
+        await cooldown.clear_cooldown(db, directory)
+
+
+async def test_worker_logs_are_json_lines_without_key_material(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    await _issue(deployment, client, "logs")
+    failing = deployment.bare_hostname("logs-dns")
+    await client.request([failing])  # a logged DNS failure
+    deadline = time.monotonic() + 30
+    while failing not in deployment.worker.log.read_text():
+        assert time.monotonic() < deadline, "the DNS failure was never logged"
+        await asyncio.sleep(0.2)
+    text = deployment.worker.log.read_text()
+    assert "PRIVATE KEY" not in text
+    lines = [line for line in text.splitlines() if line.strip()]
+    parsed = [json.loads(line) for line in lines]  # every line is one JSON object
+    failures = [p for p in parsed if p.get("hostname") == failing]
+    assert failures and failures[0]["level"] == "warning"
+    assert failures[0]["error_code"] == "DNS_CNAME"
+    assert failures[0]["workflow_id"] == f"certificate:{failing}"
+    assert "has no CNAME" in failures[0]["error_message"]
