@@ -5,15 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v pebble >/dev/null 2>&1 || ! command -v pebble-challtestsrv >/dev/null 2>&1; then
+# Debian packages the demo and tests need: Pebble (CA + mock DNS) and
+# docker-compose (only to validate docker-compose.yml; no engine is used).
+missing=()
+command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "certflow setup: installing Debian's pebble package" >&2
+        echo "certflow setup: installing Debian packages: ${missing[*]}" >&2
         apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pebble >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "certflow setup: Pebble is missing. Install it with 'sudo apt-get install pebble'" \
-             "(Debian/Ubuntu), or put the pebble and pebble-challtestsrv binaries on PATH" \
-             "(https://github.com/letsencrypt/pebble releases)." >&2
+        echo "certflow setup: missing ${missing[*]}. Install with 'sudo apt-get install ${missing[*]}'" \
+             "(Debian/Ubuntu); Pebble is also released at https://github.com/letsencrypt/pebble." >&2
         exit 1
     fi
 fi

@@ -1,0 +1,65 @@
+"""docker-compose.yml is valid and wires what the README promises (no engine needed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(*profiles: str) -> str:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is missing: run scripts/setup.sh (Debian package docker-compose)")
+    args = [binary, "-f", str(ROOT / "docker-compose.yml")]
+    for profile in profiles:
+        args += ["--profile", profile]
+    result = subprocess.run(
+        [*args, "config"],
+        env={"CERTFLOW_ENCRYPTION_KEY": "test", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_compose_file_is_valid() -> None:
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is missing: run scripts/setup.sh"
+    result = subprocess.run(
+        [binary, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        env={"CERTFLOW_ENCRYPTION_KEY": "test", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_services_and_dev_profile() -> None:
+    config = _config("dev")
+    for service in ("postgres:", "temporal:", "temporal-ui:", "worker:", "pebble:", "challtestsrv:"):
+        assert f"\n  {service}" in config, service
+    assert "CERTFLOW_DATABASE_URL: postgresql://postgres:postgres@postgres:5432/postgres" in config
+    assert "CERTFLOW_TEMPORAL_ADDRESS: temporal:7233" in config
+    assert config.count("healthcheck:") >= 3
+
+
+def test_encryption_key_is_required() -> None:
+    binary = shutil.which("docker-compose")
+    assert binary
+    result = subprocess.run(
+        [binary, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "CERTFLOW_ENCRYPTION_KEY" in result.stderr
