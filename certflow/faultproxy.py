@@ -25,6 +25,20 @@ faulted new-order creates nothing at the CA). Error responses to POSTs carry a
 fresh ``Replay-Nonce`` fetched from Pebble, as RFC 8555 section 6.5 asks of a
 real server. Everything runs in background threads of the calling process and
 does not touch any event loop; :meth:`FaultProxy.stop` ends them all.
+
+ACME Renewal Information (RFC 9773), opt in: Pebble does not advertise
+``renewalInfo``, so the proxy can play that part of the CA::
+
+    proxy.serve_renewal_info(window_start, window_end, retry_after="3600")
+    proxy.inject(Endpoint.RENEWAL_INFO, Fault.unavailable(retry_after="1"))  # optional
+    ... a client reading proxy.directory_url now finds "renewalInfo" ...
+    assert proxy.renewal_info_requests() == [cert_id]
+
+From then on the proxied directory carries ``"renewalInfo":
+proxy.renewal_info_url`` and ``GET <renewal_info_url>/<certID>`` is answered by
+the proxy itself with that window and ``Retry-After``. Faults injected for
+:attr:`Endpoint.RENEWAL_INFO` come first, as for any endpoint. Without the
+opt-in nothing changes: the directory is relayed as Pebble sent it.
 """
 
 from __future__ import annotations
@@ -33,6 +47,7 @@ import base64
 import binascii
 import collections
 import contextlib
+import datetime
 import http
 import http.client
 import json
@@ -78,12 +93,15 @@ class Endpoint(StrEnum):
     CHALLENGE = "challenge"
     FINALIZE = "finalize"
     CERT = "cert"
+    RENEWAL_INFO = "renewal-info"
+    """The proxy's own ARI resource (see :meth:`FaultProxy.serve_renewal_info`)."""
     OTHER = "other"
 
 
 # Pebble's paths (checked against Pebble's directory and a full issuance).
+# RENEWAL_INFO is the proxy's own path (Pebble has none under that name).
 # Everything else (/my-account/, /rollover-account-key, /revoke-cert,
-# /list-orderz/, renewalInfo, ...) is OTHER.
+# /list-orderz/, ...) is OTHER.
 _EXACT_PATHS = {
     "/dir": Endpoint.DIRECTORY,
     "/nonce-plz": Endpoint.NONCE,
@@ -96,7 +114,10 @@ _PATH_PREFIXES = (
     ("/chalZ/", Endpoint.CHALLENGE),
     ("/finalize-order/", Endpoint.FINALIZE),
     ("/certZ/", Endpoint.CERT),
+    ("/renewal-info/", Endpoint.RENEWAL_INFO),
 )
+
+RENEWAL_INFO_PATH = "/renewal-info"
 
 
 def classify_path(path: str) -> Endpoint:
@@ -154,6 +175,33 @@ class Fault:
         return cls(drop=True)
 
 
+@dataclass(frozen=True)
+class _RenewalInfo:
+    """The ARI answer the proxy serves (RFC 9773 section 4.2)."""
+
+    start: datetime.datetime
+    end: datetime.datetime
+    retry_after: str | None
+    explanation_url: str | None
+
+    def body(self) -> bytes:
+        window = {"start": _rfc3339(self.start), "end": _rfc3339(self.end)}
+        document: dict[str, Any] = {"suggestedWindow": window}
+        if self.explanation_url is not None:
+            document["explanationURL"] = self.explanation_url
+        return json.dumps(document).encode()
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _whole_seconds_utc(moment: datetime.datetime, name: str) -> datetime.datetime:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, not {moment!r}")
+    return moment.astimezone(datetime.timezone.utc).replace(microsecond=0)
+
+
 def _new_order_identifiers(body: bytes | None) -> set[str]:
     """The identifier values a new-order JWS (flattened JSON) asks for."""
     if not body:
@@ -185,6 +233,8 @@ class _State:
         self.received: collections.Counter[Endpoint] = collections.Counter()
         self.forwarded: collections.Counter[Endpoint] = collections.Counter()
         self.new_orders: collections.Counter[str] = collections.Counter()
+        self.renewal_info: _RenewalInfo | None = None
+        self.renewal_info_requests: list[str] = []
 
     def receive(self, endpoint: Endpoint) -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
@@ -258,12 +308,19 @@ class _Handler(BaseHTTPRequestHandler):
             logger.debug("%s %s (%s): injecting %s", self.command, self.path, endpoint, fault)
             self._answer_fault(endpoint, fault)
             return
+        with state.lock:
+            renewal_info = state.renewal_info
+        if renewal_info is not None and endpoint is Endpoint.RENEWAL_INFO:
+            self._answer_renewal_info(renewal_info)
+            return
         try:
             response = self._forward(endpoint, body)
         except (OSError, http.client.HTTPException) as exc:
             logger.warning("%s %s: Pebble did not answer: %r", self.command, self.path, exc)
             self._send_plain(502, f"faultproxy: upstream error: {exc!r}\n")
             return
+        if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
+            response = self._advertise_renewal_info(*response)
         self._relay(*response)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
@@ -346,6 +403,44 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD" and data:
+            self.wfile.write(data)
+
+    # ------------------------------------------------------------ renewal info
+
+    def _advertise_renewal_info(
+        self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Pebble's directory plus ``renewalInfo`` pointing at this proxy."""
+        if status != 200:
+            return status, reason, headers, data
+        try:
+            directory = json.loads(data)
+        except ValueError:
+            return status, reason, headers, data
+        if not isinstance(directory, dict):
+            return status, reason, headers, data
+        directory["renewalInfo"] = f"https://{self.server.netloc}{RENEWAL_INFO_PATH}"
+        return status, reason, headers, json.dumps(directory, indent=3).encode()
+
+    def _answer_renewal_info(self, info: _RenewalInfo) -> None:
+        if self.command not in ("GET", "HEAD"):
+            self._send_plain(405, "faultproxy: renewalInfo only answers GET\n")
+            return
+        path = urllib.parse.urlsplit(self.path).path
+        cert_id = path[len(RENEWAL_INFO_PATH) + 1 :]
+        if not cert_id or "/" in cert_id or "." not in cert_id:
+            self._send_plain(400, f"faultproxy: malformed certID {cert_id!r}\n")
+            return
+        with self.server.state.lock:
+            self.server.state.renewal_info_requests.append(cert_id)
+        data = info.body()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if info.retry_after is not None:
+            self.send_header("Retry-After", info.retry_after)
+        self.end_headers()
+        if self.command != "HEAD":
             self.wfile.write(data)
 
     # ------------------------------------------------------------------ faults
@@ -538,6 +633,51 @@ class FaultProxy:
             self._state.queued.clear()
             self._state.always.clear()
 
+    # ------------------------------------------------------------ renewal info
+
+    @property
+    def renewal_info_url(self) -> str:
+        """The ``renewalInfo`` URL the directory advertises once ARI is served."""
+        return self.url + RENEWAL_INFO_PATH
+
+    def serve_renewal_info(
+        self,
+        window_start: datetime.datetime,
+        window_end: datetime.datetime,
+        *,
+        retry_after: str | None = "3600",
+        explanation_url: str | None = None,
+    ) -> tuple[datetime.datetime, datetime.datetime]:
+        """Act as an ARI server (RFC 9773) from now on.
+
+        The proxied directory then carries ``"renewalInfo":`` :attr:`renewal_info_url`,
+        and ``GET <renewal_info_url>/<certID>`` gets ``{"suggestedWindow": {"start",
+        "end"}}`` (RFC 3339, UTC, whole seconds) with ``Retry-After: retry_after``
+        (None omits it), for any well-formed certID. Clients read the directory
+        once, so call this before they start. Calling again changes the window.
+        Faults injected for :attr:`Endpoint.RENEWAL_INFO` (e.g. a 503 with
+        Retry-After) are answered first. Returns the window as served.
+        """
+        info = _RenewalInfo(
+            start=_whole_seconds_utc(window_start, "window_start"),
+            end=_whole_seconds_utc(window_end, "window_end"),
+            retry_after=retry_after,
+            explanation_url=explanation_url,
+        )
+        with self._state.lock:
+            self._state.renewal_info = info
+        return info.start, info.end
+
+    def stop_serving_renewal_info(self) -> None:
+        """Relay the directory unchanged again and forward renewal-info paths to Pebble."""
+        with self._state.lock:
+            self._state.renewal_info = None
+
+    def renewal_info_requests(self) -> list[str]:
+        """The certIDs of the renewal-info requests answered with a window, in order."""
+        with self._state.lock:
+            return list(self._state.renewal_info_requests)
+
     # ---------------------------------------------------------------- counters
 
     def count(self, endpoint: Endpoint) -> int:
@@ -559,11 +699,12 @@ class FaultProxy:
             return self._state.new_orders[_normalize_host(hostname)]
 
     def reset_counts(self) -> None:
-        """Zero every counter (faults stay queued)."""
+        """Zero every counter and forget the renewal-info requests seen (faults stay queued)."""
         with self._state.lock:
             self._state.received.clear()
             self._state.forwarded.clear()
             self._state.new_orders.clear()
+            self._state.renewal_info_requests.clear()
 
     # ----------------------------------------------------------------- control
 

@@ -1,324 +1,122 @@
-"""The Certificate workflow on Temporal's time-skipping test server.
+"""The Certificate workflow on Temporal's time-skipping test server: issuance and
+SPEC §4's outcome table, each row driven through the workflow.
 
-Every activity is replaced by a fake registered under the real activity's name
-with the same input/output models. Each fake appends a :class:`Call` (name,
-input, virtual time of the call) to one shared list, so tests can assert the
-exact order of side effects and the durable waits between them.
-
-About time skipping (V1 / Java test server): the server's clock runs with the
-wall clock while time skipping is *locked*, which is the default. The SDK
-unlocks it only while ``handle.result()`` is awaited (and during
-``env.sleep``): then the server jumps straight to the next timer whenever
-nothing else is in flight. So a test that has to act *during* a long durable
-wait polls the ``status`` query first (the clock is locked: the wait cannot
-elapse under its feet), acts, and only then awaits the result.
+See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 """
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar, cast
+from datetime import timedelta
 
 import pytest
-from temporalio import activity
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from certflow.errors import ErrorCode
 from certflow.models import (
-    WORKFLOW_TYPE,
     AcceptChallengeInput,
-    CertificateInput,
-    CertificateRecord,
-    CertificateState,
     CertificateStatus,
     CheckDnsInput,
     CreateOrderInput,
     EnsureCertificateInput,
-    EnsureCertificateResult,
     FinalizeInput,
-    IssuedCertificate,
-    OpenedOrder,
     OrderProgress,
+    Outcome,
     PersistChallengeInput,
-    ProvisioningPolicy,
     RecordFailureInput,
     WaitForOrderInput,
-    workflow_id_for,
 )
-from workflows.certificate import CertificateWorkflow
+from workflows.policy import failure_backoff, renewal_time
 
-HOSTNAME = "x.test"
-CERT_ID = "11111111-2222-3333-4444-555555555555"
-NOT_AFTER = datetime(2031, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
-ISSUED = IssuedCertificate(
-    serial_hex="0badcafe",
-    not_before=datetime(2030, 12, 4, 5, 6, 7, tzinfo=timezone.utc),
-    not_after=NOT_AFTER,
+from .fakes import (
+    ACTIVE_RUN_STEPS,
+    ATTEMPT_STEPS,
+    CERT_ID,
+    FAST_POLICY,
+    HAPPY_STEPS,
+    HOSTNAME,
+    Fakes,
+    Row,
+    acme_temporary_error,
+    app_error,
+    dns_caa_error,
+    dns_cname_error,
+    fail_first,
+    gap,
+    invalid_order_error,
+    order,
+    rate_limited_error,
+    seconds_between,
+    started,
 )
-ORDER = OpenedOrder(
-    order_url="https://ca.test/order/1",
-    authorization_url="https://ca.test/authz/1",
-    challenge_url="https://ca.test/chall/1",
-    token="tok-1",
-    key_authorization="tok-1.thumbprint",
-)
-# Fast defaults: a test that measures a wait sets the knob it measures.
-FAST_POLICY = ProvisioningPolicy(
-    dns_recheck_initial_seconds=60,
-    dns_recheck_max_seconds=3600,
-    failure_backoff_initial_seconds=60,
-    failure_backoff_max_seconds=3600,
-    order_fast_poll_seconds=1,
-    failed_retry_seconds=0,
-)
-HAPPY_STEPS = [
-    "ensure_certificate",
-    "check_dns",
-    "create_order",
-    "persist_challenge",
-    "accept_challenge",
-    "wait_for_order",
-    "finalize_and_store",
-]
+
+PENDING = CertificateStatus.PENDING
+PROVISIONING = CertificateStatus.PROVISIONING
+FAILED = CertificateStatus.FAILED
 
 
-def dns_cname_error() -> ApplicationError:
-    return ApplicationError(
-        f"{HOSTNAME} has no CNAME to edge.test",
-        {
-            "code": "DNS_CNAME",
-            "message": f"{HOSTNAME} has no CNAME to edge.test",
-            "found": [],
-            "expected": "edge.test",
-        },
-        type="DNS_CNAME",
-        non_retryable=True,
-    )
+def as_tuple(outcome: Outcome) -> tuple[CertificateStatus, int, bool, ErrorCode]:
+    return (outcome.status, outcome.retry_count, outcome.keep_order, outcome.error_code)
 
 
-def acme_temporary_error() -> ApplicationError:
-    # non_retryable so the activity retry policy (4 attempts) does not replay it:
-    # every raise is one failed attempt as the workflow sees it.
-    return ApplicationError(
-        "the CA answered 503",
-        {"code": "ACME_TEMPORARY", "message": "the CA answered 503"},
-        type="ACME_TEMPORARY",
-        non_retryable=True,
-    )
+# -- 1. happy path ------------------------------------------------------------------
 
 
-def record(**changes: Any) -> CertificateRecord:
-    base = CertificateRecord(
-        certificate_id=CERT_ID, hostname=HOSTNAME, tenant_id=None, status=CertificateStatus.PENDING
-    )
-    return base.model_copy(update=changes)
-
-
-@dataclass
-class Call:
-    name: str
-    arg: Any
-    at: datetime  # the test server's (virtual) clock when the activity ran
-
-
-T = TypeVar("T")
-
-# A behaviour gets the 0-based index of this call of that activity and its input;
-# it returns the result or raises.
-Behaviour = Callable[[int, Any], Awaitable[Any]]
-
-
-@dataclass
-class Fakes:
-    env: WorkflowEnvironment
-    record: CertificateRecord = field(default_factory=record)
-    policy: ProvisioningPolicy = FAST_POLICY
-    behaviours: dict[str, Behaviour] = field(default_factory=dict)
-    calls: list[Call] = field(default_factory=list)
-
-    def names(self) -> list[str]:
-        return [c.name for c in self.calls]
-
-    def of(self, name: str) -> list[Call]:
-        return [c for c in self.calls if c.name == name]
-
-    async def _step(self, name: str, arg: Any, default: T) -> T:
-        index = len(self.of(name))
-        self.calls.append(Call(name, arg, await self.env.get_current_time()))
-        behaviour = self.behaviours.get(name)
-        if behaviour is None:
-            return default
-        return cast(T, await behaviour(index, arg))
-
-    def activities(self) -> list[Callable[..., Any]]:
-        @activity.defn(name="ensure_certificate")
-        async def ensure_certificate(input: EnsureCertificateInput) -> EnsureCertificateResult:
-            return await self._step(
-                "ensure_certificate",
-                input,
-                EnsureCertificateResult(record=self.record, policy=self.policy),
-            )
-
-        @activity.defn(name="check_dns")
-        async def check_dns(input: CheckDnsInput) -> None:
-            await self._step("check_dns", input, None)
-
-        @activity.defn(name="create_order")
-        async def create_order(input: CreateOrderInput) -> OpenedOrder:
-            return await self._step("create_order", input, ORDER)
-
-        @activity.defn(name="persist_challenge")
-        async def persist_challenge(input: PersistChallengeInput) -> bool:
-            return await self._step("persist_challenge", input, True)
-
-        @activity.defn(name="accept_challenge")
-        async def accept_challenge(input: AcceptChallengeInput) -> None:
-            await self._step("accept_challenge", input, None)
-
-        @activity.defn(name="wait_for_order")
-        async def wait_for_order(input: WaitForOrderInput) -> OrderProgress:
-            return await self._step("wait_for_order", input, OrderProgress(status="ready"))
-
-        @activity.defn(name="finalize_and_store")
-        async def finalize_and_store(input: FinalizeInput) -> IssuedCertificate:
-            return await self._step("finalize_and_store", input, ISSUED)
-
-        @activity.defn(name="record_failure")
-        async def record_failure(input: RecordFailureInput) -> bool:
-            return await self._step("record_failure", input, True)
-
-        @activity.defn(name="reopen_failed")
-        async def reopen_failed(certificate_id: str) -> bool:
-            return await self._step("reopen_failed", certificate_id, True)
-
-        return [
-            ensure_certificate,
-            check_dns,
-            create_order,
-            persist_challenge,
-            accept_challenge,
-            wait_for_order,
-            finalize_and_store,
-            record_failure,
-            reopen_failed,
-        ]
-
-
-def fail_first(times: int, error: Callable[[], Exception], then: Any = None) -> Behaviour:
-    async def behaviour(index: int, _: Any) -> Any:
-        if index < times:
-            raise error()
-        return then
-
-    return behaviour
-
-
-@asynccontextmanager
-async def started(
-    env: WorkflowEnvironment, fakes: Fakes
-) -> AsyncIterator[WorkflowHandle[Any, CertificateState]]:
-    """A worker with the fakes on a fresh task queue, and the workflow started on it."""
-    task_queue = f"certificate-test-{uuid.uuid4()}"
-    async with Worker(
-        env.client,
-        task_queue=task_queue,
-        workflows=[CertificateWorkflow],
-        activities=fakes.activities(),
-    ):
-        handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
-            WORKFLOW_TYPE,
-            CertificateInput(hostname=HOSTNAME),
-            id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
-            task_queue=task_queue,
-            result_type=CertificateState,
-            execution_timeout=timedelta(days=30),
-        )
-        yield handle
-
-
-async def wait_for_phase(
-    handle: WorkflowHandle[Any, Any], predicate: Callable[[CertificateState], bool], what: str
-) -> CertificateState:
-    """Poll the status query (time skipping stays locked meanwhile) for up to 15 s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 15
-    state: CertificateState | None = None
-    while loop.time() < deadline:
-        state = await handle.query("status", result_type=CertificateState)
-        if predicate(state):
-            return state
-        await asyncio.sleep(0.05)
-    pytest.fail(f"workflow never reached {what}; last status: {state!r}")
-
-
-def in_dns_wait(state: CertificateState) -> bool:
-    return "DNS" in state.phase and state.next_attempt_at is not None
-
-
-def seconds_between(calls: list[Call]) -> list[float]:
-    return [(b.at - a.at).total_seconds() for a, b in zip(calls, calls[1:])]
-
-
-# -- 1. happy path ---------------------------------------------------------------
-
-
-async def test_happy_path_runs_every_step_once_in_order(workflow_env: WorkflowEnvironment) -> None:
+async def test_happy_path_issues_in_order_and_goes_active(workflow_env: WorkflowEnvironment) -> None:
     fakes = Fakes(workflow_env)
-    async with started(workflow_env, fakes) as handle:
-        result = await handle.result()
+    async with started(workflow_env, fakes) as run:
+        first_run_id = run.handle.first_execution_run_id
+        state = await run.until_active()
 
-    assert fakes.names() == HAPPY_STEPS
-    # The challenge is stored (so the responder can answer) strictly before the CA is told to look.
-    assert fakes.names().index("persist_challenge") < fakes.names().index("accept_challenge")
-    assert isinstance(result, CertificateState)
-    assert result.status is CertificateStatus.ACTIVE
-    assert result.expires_at == NOT_AFTER
-    assert result.hostname == HOSTNAME
-    assert result.error_code is None and result.retry_count == 0
-    assert result.phase == "done"
+        # Issued, then continue-as-new: the next run starts from the (now ACTIVE) row
+        # and waits for the renewal time.
+        assert fakes.names() == HAPPY_STEPS + ACTIVE_RUN_STEPS
+        assert fakes.names().index("persist_challenge") < fakes.names().index("accept_challenge")
+        assert await run.run_id() != first_run_id
 
+        (issued,) = fakes.issued
+        assert state.status is CertificateStatus.ACTIVE
+        assert state.hostname == HOSTNAME
+        assert state.expires_at == issued.not_after
+        assert state.error_code is None and state.error_message is None
+        assert state.retry_count == 0
+        assert state.next_attempt_at == renewal_time(issued.not_before, issued.not_after, None, 0.5)
+        assert fakes.row.status is CertificateStatus.ACTIVE
+
+        result = await run.cancel()
+
+    assert result.phase == "canceled"
     # Each step got the data of the one before.
-    (ensure,) = fakes.of("ensure_certificate")
-    assert ensure.arg == EnsureCertificateInput(hostname=HOSTNAME, tenant_id=None)
+    first = order(1)
+    assert fakes.of("ensure_certificate")[0].arg == EnsureCertificateInput(hostname=HOSTNAME)
     assert fakes.of("check_dns")[0].arg == CheckDnsInput(hostname=HOSTNAME)
+    assert fakes.of("create_order")[0].arg == CreateOrderInput(hostname=HOSTNAME)
     assert fakes.of("persist_challenge")[0].arg == PersistChallengeInput(
-        certificate_id=CERT_ID, order=ORDER
+        certificate_id=CERT_ID, order=first
     )
     assert fakes.of("accept_challenge")[0].arg == AcceptChallengeInput(
-        challenge_url=ORDER.challenge_url
+        challenge_url=first.challenge_url
     )
     assert fakes.of("wait_for_order")[0].arg == WaitForOrderInput(
-        order_url=ORDER.order_url,
-        challenge_url=ORDER.challenge_url,
+        order_url=first.order_url,
+        challenge_url=first.challenge_url,
         within_seconds=FAST_POLICY.order_fast_poll_seconds,
     )
     assert fakes.of("finalize_and_store")[0].arg == FinalizeInput(
-        certificate_id=CERT_ID, hostname=HOSTNAME, order_url=ORDER.order_url
+        certificate_id=CERT_ID, hostname=HOSTNAME, order_url=first.order_url
     )
-
-
-# -- 2. managed hostname ------------------------------------------------------------
+    assert fakes.of("renewal_info")[0].arg == CERT_ID
+    assert [c.arg for c in fakes.of("cancel_certificate")] == [CERT_ID]
+    assert "deactivate_authorizations" not in fakes.names()  # no order was open
+    assert "record_failure" not in fakes.names()
 
 
 async def test_managed_hostname_skips_the_dns_check(workflow_env: WorkflowEnvironment) -> None:
-    fakes = Fakes(workflow_env, record=record(skips_dns=True))
-    async with started(workflow_env, fakes) as handle:
-        result = await handle.result()
-
-    assert "check_dns" not in fakes.names()
-    assert fakes.names() == [s for s in HAPPY_STEPS if s != "check_dns"]
-    assert result.status is CertificateStatus.ACTIVE
-
-
-# -- 3. order polling on durable timers ------------------------------------------------
+    fakes = Fakes(workflow_env, row=Row(skips_dns=True))
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        assert fakes.names() == [s for s in HAPPY_STEPS if s != "check_dns"] + ACTIVE_RUN_STEPS
+        await run.cancel()
 
 
 @pytest.mark.parametrize(
@@ -339,248 +137,261 @@ async def test_order_polling_waits_on_durable_timers(
         return OrderProgress(status="ready")
 
     fakes = Fakes(workflow_env, behaviours={"wait_for_order": pending_twice})
-    async with started(workflow_env, fakes) as handle:
-        result = await handle.result()
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=0.5)
+        polls = fakes.of("wait_for_order")
+        assert len(polls) == 3
+        gaps = seconds_between(polls)
+        for measured, expected in zip(gaps, expected_gaps):
+            # at least the timer; not much more (the fakes answer at once)
+            assert expected <= measured < expected + 2, (gaps, expected_gaps)
+        assert fakes.names() == HAPPY_STEPS[:-1] + ["wait_for_order"] * 2 + [
+            "finalize_and_store",
+            *ACTIVE_RUN_STEPS,
+        ]
+        await run.cancel()
 
-    polls = fakes.of("wait_for_order")
-    assert len(polls) == 3
-    gaps = seconds_between(polls)
-    for gap, expected in zip(gaps, expected_gaps):
-        # at least the timer; not much more (the fakes answer at once)
-        assert expected <= gap < expected + 5, (gaps, expected_gaps)
-    assert fakes.names() == HAPPY_STEPS[:-1] + ["wait_for_order"] * 2 + ["finalize_and_store"]
-    assert result.status is CertificateStatus.ACTIVE
+
+# -- 2. SPEC §4's outcome table through the workflow --------------------------------------
 
 
-# -- 4. DNS failure that later clears ----------------------------------------------------
-
-
-async def test_dns_failure_rechecks_with_backoff_until_fixed(
-    workflow_env: WorkflowEnvironment,
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        pytest.param(dns_cname_error, ErrorCode.DNS_CNAME, id="DNS_CNAME"),
+        pytest.param(dns_caa_error, ErrorCode.DNS_CAA, id="DNS_CAA"),
+    ],
+)
+async def test_dns_error_keeps_pending_and_rechecks_with_backoff(
+    workflow_env: WorkflowEnvironment, error: type[ApplicationError], code: ErrorCode
 ) -> None:
-    policy = FAST_POLICY.model_copy(
-        update={"dns_recheck_initial_seconds": 60, "dns_recheck_max_seconds": 3600}
-    )
-    fakes = Fakes(
-        workflow_env, policy=policy, behaviours={"check_dns": fail_first(2, dns_cname_error)}
-    )
-    async with started(workflow_env, fakes) as handle:
-        result = await handle.result()
-
-    assert fakes.names() == [
-        "ensure_certificate",
-        "check_dns",
-        "record_failure",
-        "check_dns",
-        "record_failure",
-        *HAPPY_STEPS[1:],
-    ]
-    failures = [c.arg for c in fakes.of("record_failure")]
-    assert len(failures) == 2
-    for failure in failures:
-        assert isinstance(failure, RecordFailureInput)
-        assert failure.certificate_id == CERT_ID
-        assert failure.outcome.status is CertificateStatus.PENDING
-        assert failure.outcome.error_code is ErrorCode.DNS_CNAME
-        assert failure.outcome.retry_count == 0  # DNS problems do not spend the failure budget
-        assert failure.outcome.keep_order is False
-        assert failure.message == f"{HOSTNAME} has no CNAME to edge.test"
-
-    gaps = seconds_between(fakes.of("check_dns"))
-    assert 60 <= gaps[0] < 65, gaps
-    assert 120 <= gaps[1] < 125, gaps
-    assert result.status is CertificateStatus.ACTIVE
-    assert result.error_code is None and result.error_message is None
-    assert result.expires_at == NOT_AFTER
-
-
-# -- 5. "retry" signal cuts a DNS wait short ------------------------------------------------
-
-
-async def test_retry_signal_cuts_the_dns_wait_short(workflow_env: WorkflowEnvironment) -> None:
-    policy = FAST_POLICY.model_copy(update={"dns_recheck_initial_seconds": 3600})
-    fakes = Fakes(
-        workflow_env, policy=policy, behaviours={"check_dns": fail_first(1, dns_cname_error)}
-    )
-    async with started(workflow_env, fakes) as handle:
-        # Do NOT await the result yet: that would unlock time skipping and the
-        # server would jump over the 3600 s wait at once. Until then the clock is
-        # locked (runs in real time), so polling the query catches the wait.
-        waiting = await wait_for_phase(handle, in_dns_wait, "the DNS wait")
-        assert waiting.status is CertificateStatus.PENDING
-        assert waiting.error_code is ErrorCode.DNS_CNAME
-        first_check = fakes.of("check_dns")[0].at
-        assert waiting.next_attempt_at is not None
-        assert waiting.next_attempt_at - first_check >= timedelta(seconds=3590)
-
-        await handle.signal("retry")
-        result = await handle.result()
-
-    checks = fakes.of("check_dns")
-    assert len(checks) == 2
-    assert (checks[1].at - checks[0].at) < timedelta(seconds=60), seconds_between(checks)
-    assert result.status is CertificateStatus.ACTIVE
-
-
-async def test_retry_update_cuts_the_dns_wait_short(workflow_env: WorkflowEnvironment) -> None:
-    policy = FAST_POLICY.model_copy(update={"dns_recheck_initial_seconds": 3600})
-    fakes = Fakes(
-        workflow_env, policy=policy, behaviours={"check_dns": fail_first(1, dns_cname_error)}
-    )
-    async with started(workflow_env, fakes) as handle:
-        await wait_for_phase(handle, in_dns_wait, "the DNS wait")
-        answer = await handle.execute_update("retry", result_type=CertificateState)
-        assert answer.status is CertificateStatus.PENDING
-        result = await handle.result()
-
-    checks = fakes.of("check_dns")
-    assert len(checks) == 2
-    assert (checks[1].at - checks[0].at) < timedelta(seconds=60), seconds_between(checks)
-    assert result.status is CertificateStatus.ACTIVE
-
-
-# -- 6. nothing to do / nothing to retry --------------------------------------------------------
-
-
-async def test_active_certificate_completes_without_any_other_step(
-    workflow_env: WorkflowEnvironment,
-) -> None:
-    fakes = Fakes(workflow_env, record=record(status=CertificateStatus.ACTIVE, expires_at=NOT_AFTER))
-    async with started(workflow_env, fakes) as handle:
-        result = await handle.result()
-
-    assert fakes.names() == ["ensure_certificate"]
-    assert result.status is CertificateStatus.ACTIVE
-    assert result.expires_at == NOT_AFTER
-    assert result.phase == "done"
-
-
-async def test_retry_update_is_rejected_before_the_record_is_known(
-    workflow_env: WorkflowEnvironment,
-) -> None:
-    release = asyncio.Event()
-
-    async def held(_: int, __: Any) -> EnsureCertificateResult:
-        await release.wait()
-        return EnsureCertificateResult(
-            record=record(status=CertificateStatus.ACTIVE, expires_at=NOT_AFTER), policy=FAST_POLICY
+    fakes = Fakes(workflow_env, behaviours={"check_dns": fail_first(3, error)})
+    async with started(workflow_env, fakes) as run:
+        waiting = await run.until(
+            lambda s: "DNS" in s.phase and s.next_attempt_at is not None, "the DNS wait"
         )
+        assert waiting.status is PENDING
+        assert waiting.error_code is code
+        assert waiting.error_message == error().message
+        assert waiting.retry_count == 0
+        assert waiting.phase == "waiting for DNS to be fixed"
+        first_check = fakes.of("check_dns")[0].at
+        assert waiting.next_attempt_at - first_check == timedelta(seconds=60)  # type: ignore[operator]
 
-    fakes = Fakes(workflow_env, behaviours={"ensure_certificate": held})
-    async with started(workflow_env, fakes) as handle:
-        await wait_for_phase(handle, lambda s: s.phase == "starting", "start")
-        try:
-            with pytest.raises(WorkflowUpdateFailedError) as raised:
-                await handle.execute_update("retry", result_type=CertificateState)
-        finally:
-            release.set()
-        cause = raised.value.cause
-        assert isinstance(cause, ApplicationError)
-        assert "nothing to retry" in cause.message and "starting" in cause.message
-        result = await handle.result()
+        await run.until_active(advance=20)
 
-    assert result.status is CertificateStatus.ACTIVE
-    assert fakes.names() == ["ensure_certificate"]
+        # DNS problems never spend the failure budget and clear any ACME state.
+        assert [as_tuple(o) for o in fakes.outcomes()] == [(PENDING, 0, False, code)] * 3
+        for call in fakes.of("record_failure"):
+            assert call.arg == RecordFailureInput(
+                certificate_id=CERT_ID, outcome=call.arg.outcome, message=error().message
+            )
+        assert fakes.names() == [
+            "ensure_certificate",
+            *(["check_dns", "record_failure"] * 3),
+            *ATTEMPT_STEPS,
+            *ACTIVE_RUN_STEPS,
+        ]
+        # dns_recheck_initial_seconds, doubling: 60, 120, 240
+        gaps = seconds_between(fakes.of("check_dns"))
+        for measured, expected in zip(gaps, (60, 120, 240)):
+            assert expected <= measured < expected + 21, gaps
+        state = await run.state()
+        assert state.error_code is None and state.error_message is None
+        await run.cancel()
 
 
-# -- 7. failure budget, FAILED, then "retry" --------------------------------------------------------
+async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(
+        workflow_env, behaviours={"create_order": fail_first(1, lambda: rate_limited_error(120))}
+    )
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PENDING, 0, True, ErrorCode.ACME_RATE_LIMITED)
+        ]
+        assert fakes.names() == [
+            "ensure_certificate",
+            "check_dns",
+            "create_order",
+            "record_failure",
+            *ATTEMPT_STEPS,  # no order was open: the next attempt starts over
+            *ACTIVE_RUN_STEPS,
+        ]
+        creates = fakes.of("create_order")
+        assert 120 <= gap(creates[0], creates[1]) < 131
+        await run.cancel()
 
 
-async def test_temporary_failures_exhaust_the_budget_then_retry_reopens(
+async def test_rate_limited_with_open_order_keeps_it_and_polls_it_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     fakes = Fakes(
         workflow_env,
-        policy=FAST_POLICY,  # failure backoff 60 s then 120 s; failed_retry_seconds=0
-        behaviours={"finalize_and_store": fail_first(3, acme_temporary_error, then=ISSUED)},
+        behaviours={"finalize_and_store": fail_first(1, lambda: rate_limited_error(120))},
     )
-    async with started(workflow_env, fakes) as handle:
-        # The backoffs are durable timers: skip virtual time in steps until FAILED.
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while True:
-            state = await handle.query("status", result_type=CertificateState)
-            if state.status is CertificateStatus.FAILED and state.phase.startswith("failed"):
-                break
-            assert loop.time() < deadline, f"never reached FAILED: {state!r}"
-            await workflow_env.sleep(10)
+    async with started(workflow_env, fakes) as run:
+        waiting = await run.until(lambda s: s.error_code is not None, "the rate-limit wait")
+        assert waiting.status is PROVISIONING
+        assert waiting.retry_count == 0
+        assert fakes.row.order_url == order(1).order_url  # kept in the row too
 
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 0, True, ErrorCode.ACME_RATE_LIMITED)
+        ]
+        failed_at = fakes.names().index("record_failure")
+        # The kept order: the next attempt starts with wait_for_order, no new order.
+        assert fakes.names()[failed_at + 1 :] == [
+            "wait_for_order",
+            "finalize_and_store",
+            *ACTIVE_RUN_STEPS,
+        ]
+        assert fakes.of("wait_for_order")[1].arg.order_url == order(1).order_url
+        finalizes = fakes.of("finalize_and_store")
+        assert finalizes[1].arg.order_url == order(1).order_url
+        assert 120 <= seconds_between(fakes.of("wait_for_order"))[0] < 131
+        assert len(fakes.of("create_order")) == 1
+        await run.cancel()
+
+
+async def test_invalid_order_spends_budget_and_clears_the_order(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(workflow_env, behaviours={"wait_for_order": fail_first(1, invalid_order_error)})
+    async with started(workflow_env, fakes) as run:
+        waiting = await run.until(
+            lambda s: s.phase == "waiting before the next attempt", "the failure backoff"
+        )
+        assert waiting.status is PENDING
+        assert waiting.retry_count == 1
+        assert waiting.error_code is ErrorCode.ACME_INVALID_ORDER
+        assert fakes.row.order_url is None
+
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PENDING, 1, False, ErrorCode.ACME_INVALID_ORDER)
+        ]
+        failed_at = fakes.names().index("record_failure")
+        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        assert fakes.of("persist_challenge")[1].arg.order == order(2)  # a NEW order
+        assert fakes.of("finalize_and_store")[0].arg.order_url == order(2).order_url
+        checks = fakes.of("check_dns")
+        backoff = failure_backoff(1, FAST_POLICY)
+        assert backoff <= gap(checks[0], checks[1]) < backoff + 11
+        await run.cancel()
+
+
+async def test_temporary_error_with_open_order_keeps_it(workflow_env: WorkflowEnvironment) -> None:
+    fakes = Fakes(workflow_env, behaviours={"finalize_and_store": fail_first(1, acme_temporary_error)})
+    async with started(workflow_env, fakes) as run:
+        waiting = await run.until(
+            lambda s: s.phase == "waiting before the next attempt", "the failure backoff"
+        )
+        assert waiting.status is PROVISIONING
+        assert waiting.retry_count == 1
+        assert waiting.error_code is ErrorCode.ACME_TEMPORARY
+        assert waiting.error_message == "the CA answered 503"
+
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 1, True, ErrorCode.ACME_TEMPORARY)
+        ]
+        failed_at = fakes.names().index("record_failure")
+        assert fakes.names()[failed_at + 1 :] == [
+            "wait_for_order",
+            "finalize_and_store",
+            *ACTIVE_RUN_STEPS,
+        ]
+        finalizes = fakes.of("finalize_and_store")
+        assert [f.arg.order_url for f in finalizes] == [order(1).order_url] * 2
+        assert 60 <= gap(finalizes[0], finalizes[1]) < 71
+        await run.cancel()
+
+
+async def test_temporary_error_without_open_order_orders_again(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(workflow_env, behaviours={"create_order": fail_first(1, acme_temporary_error)})
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PENDING, 1, False, ErrorCode.ACME_TEMPORARY)
+        ]
+        failed_at = fakes.names().index("record_failure")
+        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        creates = fakes.of("create_order")
+        assert 60 <= gap(creates[0], creates[1]) < 71
+        await run.cancel()
+
+
+async def test_third_failure_is_failed_with_acme_failed(workflow_env: WorkflowEnvironment) -> None:
+    fakes = Fakes(workflow_env, behaviours={"finalize_and_store": fail_first(3, acme_temporary_error)})
+    async with started(workflow_env, fakes) as run:
+        state = await run.until(
+            lambda s: s.status is FAILED and s.phase == "failed; waiting for retry",
+            "FAILED",
+            advance=10,
+        )
         assert state.error_code is ErrorCode.ACME_FAILED
         assert state.retry_count == 3
         assert state.next_attempt_at is None  # failed_retry_seconds=0: only "retry" helps
-        # A whole day of virtual time changes nothing: FAILED waits for "retry".
-        await workflow_env.sleep(timedelta(days=1))
-        assert "reopen_failed" not in fakes.names()
-        assert len(fakes.of("finalize_and_store")) == 3
+        assert fakes.row.status is FAILED and fakes.row.order_url is None
 
-        await handle.signal("retry")
-        result = await handle.result()
-
-    outcomes = [c.arg.outcome for c in fakes.of("record_failure")]
-    assert [(o.status, o.retry_count, o.error_code, o.keep_order) for o in outcomes] == [
-        (CertificateStatus.PROVISIONING, 1, ErrorCode.ACME_TEMPORARY, True),
-        (CertificateStatus.PROVISIONING, 2, ErrorCode.ACME_TEMPORARY, True),
-        (CertificateStatus.FAILED, 3, ErrorCode.ACME_FAILED, False),
-    ]
-    assert [c.arg.message for c in fakes.of("record_failure")] == ["the CA answered 503"] * 3
-
-    finalizes = fakes.of("finalize_and_store")
-    assert len(finalizes) == 4
-    gaps = seconds_between(finalizes[:3])
-    assert 60 <= gaps[0] < 75 and 120 <= gaps[1] < 135, gaps
-
-    # The kept order is re-polled and re-finalized (no new order) until FAILED
-    # drops it; after reopen_failed the next attempt starts from scratch.
-    assert fakes.names() == [
-        *HAPPY_STEPS[:-1],
-        "finalize_and_store",
-        "record_failure",
-        "wait_for_order",
-        "finalize_and_store",
-        "record_failure",
-        "wait_for_order",
-        "finalize_and_store",
-        "record_failure",
-        "reopen_failed",
-        *HAPPY_STEPS[1:],
-    ]
-    assert fakes.of("reopen_failed")[0].arg == CERT_ID
-    assert result.status is CertificateStatus.ACTIVE
-    assert result.retry_count == 0 and result.error_code is None
-    assert result.expires_at == NOT_AFTER
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 1, True, ErrorCode.ACME_TEMPORARY),
+            (PROVISIONING, 2, True, ErrorCode.ACME_TEMPORARY),
+            (FAILED, 3, False, ErrorCode.ACME_FAILED),
+        ]
+        assert [c.arg.message for c in fakes.of("record_failure")] == ["the CA answered 503"] * 3
+        # The kept order is re-polled and re-finalized (no new order) until FAILED drops it.
+        assert fakes.names() == [
+            *HAPPY_STEPS,
+            "record_failure",
+            "wait_for_order",
+            "finalize_and_store",
+            "record_failure",
+            "wait_for_order",
+            "finalize_and_store",
+            "record_failure",
+        ]
+        gaps = seconds_between(fakes.of("finalize_and_store"))
+        assert 60 <= gaps[0] < 71 and 120 <= gaps[1] < 131, gaps
+        await run.cancel()
 
 
-async def test_retry_sent_during_an_attempt_that_polls_cuts_the_next_backoff(
+# -- short faults are absorbed by the activity retry policy ----------------------------------
+
+
+async def test_short_faults_are_retried_inside_one_attempt(workflow_env: WorkflowEnvironment) -> None:
+    def retryable() -> ApplicationError:
+        return app_error(ErrorCode.ACME_TEMPORARY, "badNonce", non_retryable=False)
+
+    fakes = Fakes(workflow_env, behaviours={"accept_challenge": fail_first(2, retryable)})
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=1)
+        assert len(fakes.of("accept_challenge")) == 3
+        assert "record_failure" not in fakes.names()
+        await run.cancel()
+
+
+async def test_an_unexpected_exception_counts_as_one_temporary_failure_after_retries(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    polling = asyncio.Event()
-    release = asyncio.Event()
+    async def broken(index: int, _: object) -> object:
+        if index < 4:
+            raise RuntimeError("resolver exploded")
+        return None
 
-    async def pending_once(index: int, _: WaitForOrderInput) -> OrderProgress:
-        if index == 0:
-            polling.set()
-            await release.wait()
-            return OrderProgress(status="pending")  # -> a 1 s durable wait, then poll again
-        return OrderProgress(status="ready")
-
-    policy = FAST_POLICY.model_copy(update={"failure_backoff_initial_seconds": 3600})
-    fakes = Fakes(
-        workflow_env,
-        policy=policy,
-        behaviours={
-            "wait_for_order": pending_once,
-            "finalize_and_store": fail_first(1, acme_temporary_error, then=ISSUED),
-        },
-    )
-    async with started(workflow_env, fakes) as handle:
-        await asyncio.wait_for(polling.wait(), 15)
-        await handle.signal("retry")  # "retry now" during the attempt...
-        await wait_for_phase(handle, lambda s: s.phase == "polling order", "the signal applied")
-        release.set()
-        result = await handle.result()
-
-    finalizes = fakes.of("finalize_and_store")
-    assert len(finalizes) == 2
-    assert result.status is CertificateStatus.ACTIVE
-    # ...should end the 3600 s failure backoff that follows it at once.
-    assert (finalizes[1].at - finalizes[0].at) < timedelta(seconds=60), seconds_between(finalizes)
+    fakes = Fakes(workflow_env, behaviours={"check_dns": broken})
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=5)
+        # 4 activity attempts (the CA retry policy), then one failed attempt.
+        assert fakes.names()[:6] == ["ensure_certificate", *["check_dns"] * 4, "record_failure"]
+        (failure,) = fakes.of("record_failure")
+        assert as_tuple(failure.arg.outcome) == (PENDING, 1, False, ErrorCode.ACME_TEMPORARY)
+        assert failure.arg.message.startswith("check_dns failed")
+        assert "resolver exploded" in failure.arg.message
+        await run.cancel()
