@@ -12,7 +12,8 @@ import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
+from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
@@ -26,6 +27,7 @@ from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
+from certflow.tracing import configure_tracing
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
@@ -54,11 +56,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         check_profile(account, settings.acme_profile)
         runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
         metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
+        interceptors: list[Interceptor] = []
+        if settings.otlp_endpoint:
+            configure_tracing(settings.otlp_endpoint)
+            interceptors.append(TracingInterceptor())
         client = await Client.connect(
             settings.temporal_address,
             namespace=settings.temporal_namespace,
             data_converter=pydantic_data_converter,
             runtime=runtime,
+            interceptors=interceptors,
         )
         executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
         acme = AcmeActivities(

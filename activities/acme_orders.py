@@ -41,6 +41,7 @@ from certflow.crypto import (
 )
 from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
+from certflow.tracing import step_span
 from certflow.models import (
     AcceptChallengeInput,
     CreateOrderInput,
@@ -100,11 +101,14 @@ class AcmeActivities:
         phase: str,
         work: Awaitable[T],
         result_of: Callable[[T], str] = lambda _: "ok",
+        span_attributes: dict[str, str | None] | None = None,
     ) -> T:
-        """Run one activity's work: metrics by phase and result; typed errors out."""
+        """Run one activity's work in a span, with metrics by phase and result;
+        typed errors out."""
         started = time.monotonic()
         try:
-            result = await work
+            with step_span(phase, **(span_attributes or {})):
+                result = await work
         except CertflowError as err:
             limited = err.code is ErrorCode.ACME_RATE_LIMITED
             self._metrics.step(phase, "rate_limited" if limited else "error", started)
@@ -157,7 +161,11 @@ class AcmeActivities:
 
         Nothing is sent while the shared rate-limit cooldown runs.
         """
-        return await self._step("create_order", self._create_order(input.hostname))
+        return await self._step(
+            "create_order",
+            self._create_order(input.hostname),
+            span_attributes={"certificate.hostname": input.hostname},
+        )
 
     async def _create_order(self, hostname: str) -> OpenedOrder:
         active = await cooldown.active_cooldown(self._pool, self._directory_url)
@@ -234,6 +242,7 @@ class AcmeActivities:
             "poll_order",
             self._wait_for_order(input),
             lambda progress: "ok" if progress.status in ("ready", "valid") else "not_ready",
+            span_attributes={"acme.order_url": input.order_url},
         )
 
     async def _wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
@@ -297,7 +306,14 @@ class AcmeActivities:
     async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
         """Finalize the order with a new key stored beforehand, download the chain,
         check it matches the key, and make it the current certificate."""
-        return await self._step("issue_cert", self._finalize_and_store(input))
+        return await self._step(
+            "issue_cert",
+            self._finalize_and_store(input),
+            span_attributes={
+                "certificate.id": input.certificate_id,
+                "certificate.hostname": input.hostname,
+            },
+        )
 
     async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
         stored_leaf = await certificates.issued_by_order(

@@ -34,6 +34,7 @@ from temporalio import activity
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode, to_application_error
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.metrics import CertflowMetrics
+from certflow.tracing import step_span
 from certflow.models import CheckDnsInput
 
 __all__ = [
@@ -544,7 +545,8 @@ class DnsActivities:
         """CNAME then CAA; a typed DNS_CNAME / DNS_CAA / ACME_TEMPORARY error otherwise."""
         started = time.monotonic()
         try:
-            await self._checker.check(input.hostname)
+            with step_span("dns_check", **{"certificate.hostname": input.hostname}):
+                await self._checker.check(input.hostname)
         except DnsCheckError as err:
             dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
             self._metrics.step("dns_check", "dns_error" if dns else "error", started)

@@ -111,6 +111,7 @@ class Settings(ClientSettings):
     http01_listen: str = "0.0.0.0:80"
     log_format: LogFormat = LogFormat.JSON
     metrics_listen: str | None = None
+    otlp_endpoint: str | None = None
     metrics_refresh_seconds: float = Field(default=120.0, gt=0)
     log_level: str = "INFO"
 
