@@ -54,9 +54,9 @@ from certflow.models import (
     workflow_id_for,
 )
 from certflow.schedules import (
-    RECONCILE_SCHEDULE_ID,
     RECONCILE_WORKFLOW_TYPE,
     install_reconcile_schedule,
+    reconcile_schedule_id,
 )
 from certflow.settings import ClientSettings, load_settings
 
@@ -207,7 +207,7 @@ class CertflowClient:
         """One reconcile pass, run by a worker, waited for."""
         result: ReconcileResult = await self.temporal.execute_workflow(
             RECONCILE_WORKFLOW_TYPE,
-            id=f"{RECONCILE_SCHEDULE_ID}-manual-{uuid.uuid4().hex[:8]}",
+            id=f"{reconcile_schedule_id(self.task_queue)}:manual-{uuid.uuid4().hex[:8]}",
             task_queue=self.task_queue,
             result_type=ReconcileResult,
         )

@@ -18,13 +18,17 @@ from temporalio.client import (
 )
 
 RECONCILE_WORKFLOW_TYPE = "Reconcile"
-RECONCILE_SCHEDULE_ID = "certflow-reconcile"
+
+
+def reconcile_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue (a namespace may host several deployments)."""
+    return f"certflow-reconcile:{task_queue}"
 
 
 def _schedule(task_queue: str, every_seconds: float) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            RECONCILE_WORKFLOW_TYPE, id=RECONCILE_SCHEDULE_ID, task_queue=task_queue
+            RECONCILE_WORKFLOW_TYPE, id=reconcile_schedule_id(task_queue), task_queue=task_queue
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_seconds))]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
@@ -34,11 +38,12 @@ def _schedule(task_queue: str, every_seconds: float) -> Schedule:
 async def install_reconcile_schedule(client: Client, task_queue: str, every_seconds: float) -> None:
     """Create the schedule, or bring an existing one to this interval; idempotent."""
     schedule = _schedule(task_queue, every_seconds)
+    schedule_id = reconcile_schedule_id(task_queue)
     try:
-        await client.create_schedule(RECONCILE_SCHEDULE_ID, schedule)
+        await client.create_schedule(schedule_id, schedule)
     except ScheduleAlreadyRunningError:
 
         def update(_: ScheduleUpdateInput) -> ScheduleUpdate:
             return ScheduleUpdate(schedule=schedule)
 
-        await client.get_schedule_handle(RECONCILE_SCHEDULE_ID).update(update)
+        await client.get_schedule_handle(schedule_id).update(update)
