@@ -58,7 +58,7 @@ T = TypeVar("T")
 
 FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
-REACCEPT_AFTER = 1.0
+REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
 ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
 

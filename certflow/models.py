@@ -36,10 +36,13 @@ class Frozen(BaseModel):
 
 
 class CertificateInput(Frozen):
-    """Input of the Certificate workflow (the product backend's contract)."""
+    """Input of the Certificate workflow (the product backend's contract:
+    ``hostname`` and optional ``tenant_id``)."""
 
     hostname: str
     tenant_id: str | None = None
+    carried: CertificateRecord | None = None
+    """Set by certflow itself on continue-as-new; never by a client."""
 
 
 class ProvisioningPolicy(Frozen):
@@ -183,8 +186,26 @@ class CertificateState(Frozen):
     expires_at: datetime | None = None
 
 
+CertificateInput.model_rebuild()
+
+
 class ReconcileResult(Frozen):
     """What a reconcile pass did."""
 
     checked: int
     started: list[str]
+
+
+class WebhookEvent(Frozen):
+    """What the product receives for issued, renewed, failed, expiring_soon and canceled."""
+
+    event_id: str
+    event: str
+    hostname: str
+    tenant_id: str | None = None
+    status: CertificateStatus
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    serial: str | None = None
+    expires_at: datetime | None = None
+    occurred_at: datetime

@@ -133,9 +133,12 @@ def _failure_of(err: ActivityError) -> _AttemptFailed:
 class CertificateWorkflow:
     """Issues, renews and finally cancels or deletes the certificate of one hostname."""
 
-    def __init__(self) -> None:
-        self._hostname = ""
-        self._record: CertificateRecord | None = None
+    @workflow.init
+    def __init__(self, input: CertificateInput) -> None:
+        self._hostname = input.hostname
+        # Carried over a continue-as-new, so queries and updates are answered
+        # right away in the new run, before the row is read again.
+        self._record: CertificateRecord | None = input.carried
         self._phase = "starting"
         self._next_attempt_at: datetime | None = None
         self._retry_requested = False
@@ -147,7 +150,6 @@ class CertificateWorkflow:
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
-        self._hostname = input.hostname
         ensured = await _run(
             _POSTGRES,
             "ensure_certificate",
@@ -201,9 +203,7 @@ class CertificateWorkflow:
             self._retry_requested = self._renew_requested = False
             await workflow.wait_condition(workflow.all_handlers_finished)
             if self._stop is None:
-                workflow.continue_as_new(
-                    CertificateInput(hostname=input.hostname, tenant_id=input.tenant_id)
-                )
+                workflow.continue_as_new(self._next_run_input())
 
     async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
@@ -410,7 +410,7 @@ class CertificateWorkflow:
             self._renew_requested or self._stop
         ) and workflow.now() < record.expires_at:
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(CertificateInput(hostname=record.hostname, tenant_id=record.tenant_id))
+            workflow.continue_as_new(self._next_run_input())
 
     async def _begin_renewal(self) -> None:
         record = self._record
@@ -477,6 +477,11 @@ class CertificateWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._state()
 
+    def _next_run_input(self) -> CertificateInput:
+        record = self._record
+        assert record is not None
+        return CertificateInput(hostname=record.hostname, tenant_id=record.tenant_id, carried=record)
+
     def _check_stop(self) -> None:
         if self._stop is not None:
             raise _Stopped()
@@ -532,6 +537,8 @@ class CertificateWorkflow:
     @workflow.update(name="retry")
     async def retry_update(self) -> CertificateState:
         """Retry now; answers the state once the wait was cut short."""
+        await workflow.wait_condition(lambda: self._record is not None)
+        self._check_retry()
         self._retry_requested = True
         await workflow.wait_condition(lambda: not self._retry_requested or self._stopped)
         return self._state()
@@ -539,12 +546,17 @@ class CertificateWorkflow:
     @retry_update.validator
     def _validate_retry(self) -> None:
         self._reject_when_stopping("retry")
+        if self._record is not None:  # else the handler decides once the row is read
+            self._check_retry()
+
+    def _check_retry(self) -> None:
         record = self._record
-        if record is None:
-            raise ValueError(f"nothing to retry yet: {self._hostname} is starting")
+        assert record is not None
         if record.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
             hint = "; use renew to renew it now" if record.status is CertificateStatus.ACTIVE else ""
-            raise ValueError(f"nothing to retry: {record.hostname} is {record.status}{hint}")
+            raise ApplicationError(
+                f"nothing to retry: {record.hostname} is {record.status}{hint}", non_retryable=True
+            )
 
     @workflow.signal(name="renew")
     def renew_signal(self) -> None:
@@ -554,6 +566,8 @@ class CertificateWorkflow:
     @workflow.update(name="renew")
     async def renew_update(self) -> CertificateState:
         """Renew now; answers once the renewal has started."""
+        await workflow.wait_condition(lambda: self._record is not None)
+        self._check_renew()
         self._renew_requested = True
         await workflow.wait_condition(lambda: not self._renew_requested or self._stopped)
         return self._state()
@@ -561,11 +575,17 @@ class CertificateWorkflow:
     @renew_update.validator
     def _validate_renew(self) -> None:
         self._reject_when_stopping("renew")
+        if self._record is not None:  # else the handler decides once the row is read
+            self._check_renew()
+
+    def _check_renew(self) -> None:
         record = self._record
-        if record is None or record.status is not CertificateStatus.ACTIVE:
-            status = record.status if record else "starting"
-            raise ValueError(
-                f"nothing to renew: {self._hostname} is {status}; only an ACTIVE certificate renews"
+        assert record is not None
+        if record.status is not CertificateStatus.ACTIVE:
+            raise ApplicationError(
+                f"nothing to renew: {record.hostname} is {record.status};"
+                " only an ACTIVE certificate renews",
+                non_retryable=True,
             )
 
     @workflow.signal(name="cancel")
