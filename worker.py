@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.client import Client, Interceptor
@@ -22,6 +23,7 @@ from activities.acme_orders import AcmeActivities
 from activities.dns_checks import DnsActivities, DnsChecker
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
+from activities.webhooks import WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
@@ -33,6 +35,7 @@ from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
 from workflows.certificate import CertificateWorkflow
 from workflows.reconcile import ReconcileWorkflow
+from workflows.webhooks import WebhookDeliveryWorkflow
 
 log = logging.getLogger("certflow.worker")
 
@@ -92,7 +95,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         worker = Worker(
             client,
             task_queue=settings.task_queue,
-            workflows=[CertificateWorkflow, ReconcileWorkflow],
+            workflows=[CertificateWorkflow, ReconcileWorkflow, WebhookDeliveryWorkflow],
             activities=[
                 records.ensure_certificate,
                 records.persist_challenge,
@@ -111,6 +114,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 acme.deactivate_authorizations,
                 acme.revoke_certificate,
                 ReconcileActivities(pool, client, settings.task_queue).reconcile_certificates,
+                *webhook_activities(settings),
             ],
             max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
         )
@@ -158,6 +162,13 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         log.info("worker stopped")
     finally:
         await pool.close()
+
+
+def webhook_activities(settings: Settings) -> list[Callable[..., Awaitable[None]]]:
+    if not settings.webhook_url or settings.webhook_secret is None:
+        return []
+    secret = settings.webhook_secret.get_secret_value().encode()
+    return [WebhookActivities(settings.webhook_url, secret).deliver_webhook]
 
 
 async def main() -> int:

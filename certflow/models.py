@@ -56,6 +56,8 @@ class ProvisioningPolicy(Frozen):
     failed_retry_seconds: float = 86400.0
     """Slow automatic retry of a FAILED certificate; 0 turns it off."""
     max_failures: int = 3
+    webhooks: bool = False
+    expiring_soon_days: float = 7.0
 
 
 class CertificateRecord(Frozen):

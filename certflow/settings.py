@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from certflow.errors import ConfigError
@@ -124,6 +124,9 @@ class Settings(ClientSettings):
     order_fast_poll_seconds: float = Field(default=8.0, gt=0)
     failed_retry_seconds: float = Field(default=86400.0, ge=0)
     reconcile_interval_seconds: float = Field(default=300.0, ge=0)
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    expiring_soon_days: float = Field(default=7.0, gt=0)
 
     @field_validator("acme_directory_url", "cname_target")
     @classmethod
@@ -166,6 +169,21 @@ class Settings(ClientSettings):
         parse_host_port(value)
         return value.strip()
 
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not value.startswith(("https://", "http://")):
+            raise ValueError(f"must be an http(s) URL, got {value!r}")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _webhook_secret_with_url(self) -> Settings:
+        if self.webhook_url and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
+            raise ValueError("webhook_secret: is not set (required with CERTFLOW_WEBHOOK_URL)")
+        return self
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, value: str) -> str:
@@ -188,6 +206,8 @@ class Settings(ClientSettings):
             failure_backoff_max_seconds=self.failure_backoff_max_seconds,
             order_fast_poll_seconds=self.order_fast_poll_seconds,
             failed_retry_seconds=self.failed_retry_seconds,
+            webhooks=self.webhook_url is not None,
+            expiring_soon_days=self.expiring_soon_days,
         )
 
     @property
@@ -209,9 +229,11 @@ def load_settings(kind: type[S] = Settings, **overrides: Any) -> S:  # type: ign
         return kind(**overrides)
     except ValidationError as err:
         first = err.errors()[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
-        variable = ENV_PREFIX + field.upper()
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if not first["loc"]:  # a check across settings names its variable first
+            field, _, message = message.partition(": ")
+            raise ConfigError(f"{ENV_PREFIX}{field.upper()} {message}") from None
+        variable = ENV_PREFIX + str(first["loc"][0]).upper()
         if first["type"] == "missing":
             raise ConfigError(f"{variable} is not set") from None
-        message = str(first["msg"]).removeprefix("Value error, ")
         raise ConfigError(f"{variable}: {message}") from None

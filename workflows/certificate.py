@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.workflow import ParentClosePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         OpenOrder,
         RenewalAdvice,
         WaitForOrderInput,
+        WebhookEvent,
         WORKFLOW_TYPE,
     )
     from workflows.policy import (
@@ -54,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         order_poll_delay,
         renewal_time,
     )
+    from workflows.webhooks import WEBHOOK_WORKFLOW_TYPE
 
 T = TypeVar("T")
 
@@ -145,6 +148,8 @@ class CertificateWorkflow:
         self._renew_requested = False
         self._stop: _StopRequest | None = None
         self._stopped = False
+        self._policy = ProvisioningPolicy()
+        self._warned_expiring = False
 
     # -- the lifecycle -----------------------------------------------------------
 
@@ -157,7 +162,7 @@ class CertificateWorkflow:
             EnsureCertificateResult,
         )
         self._record = ensured.record
-        policy = ensured.policy
+        self._policy = policy = ensured.policy
         dns_failures = 0
         while True:
             record = self._record
@@ -176,6 +181,8 @@ class CertificateWorkflow:
                     return await self._end("the certificate row moved on")
                 continue
             await self._expire_if_lapsed()
+            await self._warn_if_expiring()
+            renewal = self._record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
             try:
                 issued = await self._issue(self._record, policy)
             except _Stopped:
@@ -199,6 +206,7 @@ class CertificateWorkflow:
                 }
             )
             self._phase = "issued"
+            await self._notify("renewed" if renewal else "issued", serial=issued.serial_hex)
             # Answer pending updates before this run hands over to the next.
             self._retry_requested = self._renew_requested = False
             await workflow.wait_condition(workflow.all_handlers_finished)
@@ -323,6 +331,8 @@ class CertificateWorkflow:
                 "challenge_url": record.challenge_url if keep else None,
             }
         )
+        if applied and outcome.status is CertificateStatus.FAILED:
+            await self._notify("failed")
         return applied
 
     async def _wait_after(
@@ -346,10 +356,53 @@ class CertificateWorkflow:
             self._phase = "waiting before the next attempt"
             delay, interruptible = failure_backoff(record.retry_count, policy), True
         if record.status is CertificateStatus.RENEWING and record.expires_at is not None:
-            # Wake when the old certificate lapses, to show EXPIRED on time.
-            until_expiry = (record.expires_at - workflow.now()).total_seconds()
-            delay = min(delay, max(until_expiry, 0.0) + 1.0)
+            # Wake when the old certificate lapses, to show EXPIRED on time, and
+            # when it starts expiring soon, to tell the product.
+            for moment in (record.expires_at, self._expiring_soon_at()):
+                if moment is not None and moment > workflow.now():
+                    delay = min(delay, (moment - workflow.now()).total_seconds() + 1.0)
         await self._sleep(delay, interruptible=interruptible)
+
+    def _expiring_soon_at(self) -> datetime | None:
+        record = self._record
+        if self._warned_expiring or record is None or record.expires_at is None:
+            return None
+        return record.expires_at - timedelta(days=self._policy.expiring_soon_days)
+
+    async def _warn_if_expiring(self) -> None:
+        """An 'expiring_soon' event once a renewal has not succeeded by then."""
+        moment = self._expiring_soon_at()
+        record = self._record
+        assert record is not None
+        renewing = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+        if moment is not None and renewing and workflow.now() >= moment:
+            self._warned_expiring = True
+            await self._notify("expiring_soon")
+
+    async def _notify(self, event: str, serial: str | None = None) -> None:
+        """Hand the event to a WebhookDelivery child that retries on its own and
+        outlives this run (continue-as-new, cancel)."""
+        record = self._record
+        if not self._policy.webhooks or record is None:
+            return
+        event_id = str(workflow.uuid4())
+        await workflow.start_child_workflow(
+            WEBHOOK_WORKFLOW_TYPE,
+            WebhookEvent(
+                event_id=event_id,
+                event=event,
+                hostname=record.hostname,
+                tenant_id=record.tenant_id,
+                status=record.status,
+                error_code=record.error_code,
+                error_message=record.error_message,
+                serial=serial,
+                expires_at=record.expires_at,
+                occurred_at=workflow.now(),
+            ),
+            id=f"webhook:{record.hostname}:{event_id}",
+            parent_close_policy=ParentClosePolicy.ABANDON,
+        )
 
     async def _wait_failed(self, policy: ProvisioningPolicy) -> None:
         self._phase = "failed; waiting for retry"
@@ -455,6 +508,7 @@ class CertificateWorkflow:
                 await _run(_BEST_EFFORT, "deactivate_authorizations", open_order.order_url, type(None))
             except ActivityError:
                 workflow.logger.warning("could not deactivate the open authorization")
+        await self._notify("canceled")
         if stop.delete:
             if stop.revoke and record.expires_at is not None:
                 self._phase = "revoking"

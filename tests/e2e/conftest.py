@@ -4,7 +4,10 @@ the session's real Postgres, Temporal dev server, Pebble and challtestsrv."""
 from __future__ import annotations
 
 import base64
+import http.server
+import json
 import secrets
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -42,12 +45,68 @@ class Deployment:
         return f"{label}.c{uuid.uuid4().hex[:10]}.test"
 
 
+WEBHOOK_SECRET = "e2e-webhook-secret"
+
+
+class WebhookReceiver:
+    """A product's webhook endpoint on loopback: records deliveries, can refuse some."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[dict[str, str], bytes]] = []
+        self.refuse_first: set[str] = set()  # hostnames whose first delivery gets a 500
+        self._refused: set[str] = set()
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                hostname = json.loads(body).get("hostname", "")
+                with receiver._lock:
+                    refuse = hostname in receiver.refuse_first and hostname not in receiver._refused
+                    if refuse:
+                        receiver._refused.add(hostname)
+                    else:
+                        receiver.deliveries.append((dict(self.headers.items()), body))
+                self.send_response(500 if refuse else 204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hooks/certflow"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def events_for(self, hostname: str) -> list[tuple[dict[str, str], dict[str, object]]]:
+        with self._lock:
+            found = [(h, json.loads(b)) for h, b in self.deliveries]
+        return [(h, e) for h, e in found if e["hostname"] == hostname]
+
+    def raw_for(self, hostname: str) -> list[tuple[dict[str, str], bytes]]:
+        with self._lock:
+            return [(h, b) for h, b in self.deliveries if json.loads(b)["hostname"] == hostname]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def webhooks() -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
 @pytest.fixture(scope="session")
 def deployment(
     pebble: devstack.PebbleStack,
     temporal: devstack.TemporalDevServer,
     new_database: Callable[[], str],
     tmp_path_factory: pytest.TempPathFactory,
+    webhooks: WebhookReceiver,
 ) -> Iterator[Deployment]:
     database_url = new_database()
     raw_key = secrets.token_bytes(32)
@@ -65,6 +124,8 @@ def deployment(
             "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "4",
             "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{devstack.free_port()}",
             "CERTFLOW_METRICS_REFRESH_SECONDS": "1",
+            "CERTFLOW_WEBHOOK_URL": webhooks.url,
+            "CERTFLOW_WEBHOOK_SECRET": WEBHOOK_SECRET,
         },
     )
     workdir: Path = tmp_path_factory.mktemp("e2e-worker")
