@@ -48,7 +48,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
     pool = await create_pool(settings.database_url, max_size=20)
     try:
         await migrate(pool)
-        encryption_key = EncryptionKey(settings.encryption_key_bytes)
+        encryption_key = EncryptionKey(
+            settings.encryption_key_bytes, settings.old_encryption_keys_bytes
+        )
         verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
         try:
             account = await ensure_account(
@@ -113,6 +115,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 acme.renewal_info,
                 acme.deactivate_authorizations,
                 acme.revoke_certificate,
+                acme.cooldown_remaining,
                 ReconcileActivities(pool, client, settings.task_queue).reconcile_certificates,
                 *webhook_activities(settings),
             ],

@@ -176,6 +176,32 @@ def _register(
         return str(conflict.location), directory_json
 
 
+REGISTER_ATTEMPTS = 6
+
+
+async def _register_with_retries(
+    directory_url: str, key: JWKEC, email: str | None, verify: str | bool
+) -> tuple[str, dict[str, Any]]:
+    """Register, riding out short CA faults (badNonce, 5xx, resets) with backoff;
+    anything else, or a fault that persists, stops start-up with one clear line."""
+    import asyncio
+
+    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+        try:
+            return await asyncio.to_thread(_register, directory_url, key, email, verify)
+        except Exception as exc:  # classified below
+            failure = classify_acme_failure(exc)
+            if failure.code is not ErrorCode.ACME_TEMPORARY or attempt == REGISTER_ATTEMPTS:
+                raise ConfigError(
+                    f"CERTFLOW_ACME_DIRECTORY_URL: cannot register the ACME account at"
+                    f" {directory_url}: {failure.detail}"
+                ) from None
+            delay = min(2.0 ** (attempt - 1) * 0.5, 8.0)
+            log.warning("ACME account registration failed (%s); retrying in %.1f s", failure.detail, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 async def ensure_account(
     pool: asyncpg.Pool,
     directory_url: str,
@@ -208,8 +234,8 @@ async def ensure_account(
             key = JWKEC(key=private)
             # Registering an existing key only returns its URL, so this also
             # re-registers after the CA lost the account (a restarted Pebble).
-            account_url, directory_json = await asyncio.to_thread(
-                _register, directory_url, key, email, verify
+            account_url, directory_json = await _register_with_retries(
+                directory_url, key, email, verify
             )
             if row is None or row["account_url"] != account_url:
                 await conn.execute(

@@ -153,6 +153,13 @@ class AcmeActivities:
         response = client.net.post(url, None, new_nonce_url=self._clients.new_nonce_url)
         return _Fetched(response.json(), parse_retry_after(response.headers.get("Retry-After")))
 
+    @activity.defn(name="cooldown_remaining")
+    async def cooldown_remaining(self, hostname: str) -> float:
+        """Seconds left of this CA's shared rate-limit cooldown (0 when none)."""
+        active = await cooldown.active_cooldown(self._pool, self._directory_url)
+        self._metrics.cooldown(active.until if active else None)
+        return max(0.0, active.until.timestamp() - time.time()) if active else 0.0
+
     # -- create_order ------------------------------------------------------
 
     @activity.defn(name="create_order")

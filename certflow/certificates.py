@@ -353,10 +353,10 @@ async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> li
 
 
 async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
-    """Hostnames held back by a rate limit before opening a new order."""
+    """Hostnames held back by a CA rate limit."""
     rows = await pool.fetch(
         "SELECT hostname::text AS hostname FROM certificates"
-        " WHERE provisioning_error = 'ACME_RATE_LIMITED' AND http_order_url IS NULL"
+        " WHERE provisioning_error = 'ACME_RATE_LIMITED'"
     )
     return [r["hostname"] for r in rows]
 

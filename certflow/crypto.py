@@ -8,6 +8,7 @@ plaintext is the PEM private key.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,31 +32,42 @@ class DecryptionError(Exception):
 
 
 class EncryptionKey:
-    """An AES-256-GCM key; its repr never shows the key."""
+    """An AES-256-GCM key, plus the retired keys that may still decrypt (rotation).
 
-    __slots__ = ("_aead",)
+    New values are always encrypted with the current key. Its repr never shows a key.
+    """
 
-    def __init__(self, raw: bytes) -> None:
-        if len(raw) != 32:
-            raise ValueError("encryption key must be 32 bytes")
+    __slots__ = ("_aead", "_old")
+
+    def __init__(self, raw: bytes, old: Sequence[bytes] = ()) -> None:
+        if len(raw) != 32 or any(len(k) != 32 for k in old):
+            raise ValueError("encryption keys must be 32 bytes")
         self._aead = AESGCM(raw)
+        self._old = [AESGCM(k) for k in old]
 
     def __repr__(self) -> str:
-        return "EncryptionKey(<redacted>)"
+        return f"EncryptionKey(<redacted>, {len(self._old)} old)"
 
     def encrypt(self, plaintext: bytes) -> bytes:
         nonce = os.urandom(NONCE_SIZE)
         return nonce + self._aead.encrypt(nonce, plaintext, None)
 
     def decrypt(self, blob: bytes) -> bytes:
+        return self.decrypt_with_origin(blob)[0]
+
+    def decrypt_with_origin(self, blob: bytes) -> tuple[bytes, bool]:
+        """(plaintext, whether the current key decrypted it)."""
         if len(blob) < NONCE_SIZE + TAG_SIZE:
             raise DecryptionError("encrypted value is too short")
-        try:
-            return self._aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], None)
-        except InvalidTag:
-            raise DecryptionError(
-                "stored key does not decrypt with CERTFLOW_ENCRYPTION_KEY (wrong key?)"
-            ) from None
+        for index, aead in enumerate([self._aead, *self._old]):
+            try:
+                return aead.decrypt(blob[:NONCE_SIZE], blob[NONCE_SIZE:], None), index == 0
+            except InvalidTag:
+                continue
+        raise DecryptionError(
+            "stored key does not decrypt with CERTFLOW_ENCRYPTION_KEY"
+            " or CERTFLOW_ENCRYPTION_KEYS_OLD (wrong key?)"
+        )
 
 
 def generate_private_key(key_type: KeyType) -> PrivateKey:

@@ -100,9 +100,9 @@ def _require_free(name: str, port: int) -> None:
         raise StackError(f"{name} cannot start: 127.0.0.1:{port} is already in use")
 
 
-def _tcp_open(port: int) -> bool:
+def _tcp_open(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
+        with socket.create_connection((host, port), timeout=1):
             return True
     except OSError:
         return False
@@ -684,10 +684,11 @@ class WorkerProcess:
 
     _process: _Process
     http01_port: int
+    http01_host: str = "127.0.0.1"
 
     def start(self, timeout: float = 60.0) -> None:
         self._process.start()
-        self._process.wait_ready(lambda: _tcp_open(self.http01_port), timeout)
+        self._process.wait_ready(lambda: _tcp_open(self.http01_port, self.http01_host), timeout)
 
     def stop(self) -> None:
         """SIGTERM: a clean shutdown."""
@@ -711,14 +712,15 @@ def start_worker(
 ) -> WorkerProcess:
     """Start a certflow worker with env (see :func:`certflow_environment`)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = int(env["CERTFLOW_HTTP01_LISTEN"].rsplit(":", 1)[1])
+    host, _, port_text = env["CERTFLOW_HTTP01_LISTEN"].rpartition(":")
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else host
     process = _Process(
         name,
         [sys.executable, "-m", "worker"],
         workdir / f"{name}.log",
         env={**env, "PYTHONPATH": str(_REPO_ROOT), "PYTHONUNBUFFERED": "1"},
     )
-    worker = WorkerProcess(process, port)
+    worker = WorkerProcess(process, int(port_text), host)
     worker.start(timeout)
     return worker
 

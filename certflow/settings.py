@@ -103,6 +103,8 @@ class Settings(ClientSettings):
     acme_profile: str | None = None
 
     encryption_key: SecretStr
+    encryption_keys_old: SecretStr | None = None
+    """Retired keys (comma-separated base64) that still decrypt until rotate-keys ran."""
 
     cname_target: str
     caa_issuer_domain: str = "letsencrypt.org"
@@ -146,6 +148,18 @@ class Settings(ClientSettings):
     @classmethod
     def _valid_key(cls, value: SecretStr) -> SecretStr:
         decode_encryption_key(value.get_secret_value())
+        return value
+
+    @field_validator("encryption_keys_old")
+    @classmethod
+    def _valid_old_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        for position, part in enumerate(value.get_secret_value().split(","), 1):
+            try:
+                decode_encryption_key(part)
+            except ValueError as err:
+                raise ValueError(f"key {position}: {err}") from None
         return value
 
     @field_validator("acme_ca_bundle")
@@ -213,6 +227,12 @@ class Settings(ClientSettings):
     @property
     def encryption_key_bytes(self) -> bytes:
         return decode_encryption_key(self.encryption_key.get_secret_value())
+
+    @property
+    def old_encryption_keys_bytes(self) -> list[bytes]:
+        if self.encryption_keys_old is None:
+            return []
+        return [decode_encryption_key(k) for k in self.encryption_keys_old.get_secret_value().split(",")]
 
     @property
     def dns_resolver_address(self) -> tuple[str, int]:

@@ -150,6 +150,7 @@ class CertificateWorkflow:
         self._stopped = False
         self._policy = ProvisioningPolicy()
         self._warned_expiring = False
+        self._retry_cuts_wait = False
 
     # -- the lifecycle -----------------------------------------------------------
 
@@ -345,23 +346,37 @@ class CertificateWorkflow:
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
             self._phase = "waiting for the CA's rate limit to end"
             # Retry-After 0 means "now", but a CA repeating it must not spin us.
-            delay = max(failure.retry_after or 0.0, 1.0)
-            # Without an open order the next step is a new order, which re-checks the
-            # shared cooldown before contacting the CA: "retry now" may wake it.
-            interruptible = record.order_url is None
-        elif failure.code in DNS_CODES:
+            await self._wait_for_cooldown(self._capped(max(failure.retry_after or 0.0, 1.0)))
+            return
+        if failure.code in DNS_CODES:
             self._phase = "waiting for DNS to be fixed"
-            delay, interruptible = dns_recheck_delay(dns_failures, policy), True
+            delay = dns_recheck_delay(dns_failures, policy)
         else:
             self._phase = "waiting before the next attempt"
-            delay, interruptible = failure_backoff(record.retry_count, policy), True
+            delay = failure_backoff(record.retry_count, policy)
+        await self._sleep(self._capped(delay), interruptible=True)
+
+    def _capped(self, delay: float) -> float:
+        """During a renewal, wake when the old certificate lapses (to show EXPIRED on
+        time) and when it starts expiring soon (to tell the product)."""
+        record = self._record
+        assert record is not None
         if record.status is CertificateStatus.RENEWING and record.expires_at is not None:
-            # Wake when the old certificate lapses, to show EXPIRED on time, and
-            # when it starts expiring soon, to tell the product.
             for moment in (record.expires_at, self._expiring_soon_at()):
                 if moment is not None and moment > workflow.now():
                     delay = min(delay, (moment - workflow.now()).total_seconds() + 1.0)
-        await self._sleep(delay, interruptible=interruptible)
+        return delay
+
+    async def _wait_for_cooldown(self, seconds: float) -> None:
+        """Sleep out a CA rate limit. "retry now" (which clearing the cooldown sends)
+        only makes the workflow look at the shared cooldown again: it never goes on
+        while one is in force."""
+        record = self._record
+        assert record is not None
+        while await self._sleep(seconds, interruptible=True):
+            seconds = await _run(_POSTGRES, "cooldown_remaining", record.hostname, float)
+            if seconds <= 0:
+                return
 
     def _expiring_soon_at(self) -> datetime | None:
         record = self._record
@@ -410,9 +425,11 @@ class CertificateWorkflow:
             await self._sleep(policy.failed_retry_seconds, interruptible=True)
         else:
             self._next_attempt_at = None
+            self._retry_cuts_wait = True
             await workflow.wait_condition(
                 lambda: self._retry_requested or self._stop is not None
             )
+            self._retry_cuts_wait = False
             self._retry_requested = False
 
     async def _reopen_failed(self) -> bool:
@@ -540,23 +557,29 @@ class CertificateWorkflow:
         if self._stop is not None:
             raise _Stopped()
 
-    async def _sleep(self, seconds: float, *, interruptible: bool) -> None:
+    async def _sleep(self, seconds: float, *, interruptible: bool) -> bool:
         """A durable wait that cancel/delete always end and, when interruptible,
-        "retry now" ends too (also one sent during the attempt before it)."""
+        "retry now" ends too (also one sent during the attempt before it).
+        Returns whether "retry now" ended it."""
         if seconds <= 0:
-            return
+            return False
         self._next_attempt_at = workflow.now() + timedelta(seconds=seconds)
+        self._retry_cuts_wait = interruptible
+        retried = False
         try:
             await workflow.wait_condition(
                 lambda: self._stop is not None or (interruptible and self._retry_requested),
                 timeout=timedelta(seconds=seconds),
             )
+            retried = self._stop is None
         except asyncio.TimeoutError:
             pass
         finally:
             self._next_attempt_at = None
+            self._retry_cuts_wait = False
             if interruptible:
                 self._retry_requested = False
+        return retried
 
     # -- what the product and operators see and do -------------------------------
 
@@ -594,7 +617,11 @@ class CertificateWorkflow:
         await workflow.wait_condition(lambda: self._record is not None)
         self._check_retry()
         self._retry_requested = True
-        await workflow.wait_condition(lambda: not self._retry_requested or self._stopped)
+        # Answer once the wait it cuts short has ended; during a step, or a wait that
+        # retry does not cut (order polling), answer now: the request stays noted.
+        await workflow.wait_condition(
+            lambda: not self._retry_requested or self._stopped or not self._retry_cuts_wait
+        )
         return self._state()
 
     @retry_update.validator

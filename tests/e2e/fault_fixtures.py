@@ -1,0 +1,381 @@
+"""A certflow deployment of its own behind the fault proxy, for the failure-policy tests.
+
+Its own Pebble + challtestsrv (so its worker can own Pebble's HTTP-01 port on
+127.0.0.1), the fault proxy in front of that Pebble, its own database and task
+queue, and one worker pointed at the proxy; the session Temporal dev server is
+shared. Extra workers on the same Pebble listen on other loopback addresses
+(127.0.0.2, ...) on the same port: only the 127.0.0.1 one is reached by the CA,
+and it answers every worker's challenges because they live in the shared
+database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
+
+from certflow import devstack
+from certflow.faultproxy import FaultProxy, start_fault_proxy
+from certflow.settings import ClientSettings
+from starter import CertflowClient, CertificateStatusReport
+
+ROOT = Path(__file__).resolve().parents[2]
+CNAME_TARGET = "edge.saas.test"
+MANAGED_BASE_DOMAIN = "managed.test"
+
+# Short policy timings (SPEC §4 behaviour, seconds instead of minutes/hours).
+SHORT_POLICY = {
+    "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
+    "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
+    "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
+    "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
+    "CERTFLOW_FAILED_RETRY_SECONDS": "0",
+    "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+}
+
+
+def unique_label() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+class WorkerDidNotStart(AssertionError):
+    """A worker process exited (or never listened) during start-up."""
+
+
+def wait_listening(host: str, port: int, worker: devstack.WorkerProcess, timeout: float = 60) -> None:
+    """Block until ``host:port`` accepts connections; fail as soon as the worker exits.
+
+    ``WorkerProcess.start`` probes 127.0.0.1 whatever the listen address, so a
+    worker on 127.0.0.2 looks ready as soon as the 127.0.0.1 one is (even while
+    it is dying); this checks the real address and the process.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            pass
+        code = worker._process.exited()  # devstack has no public accessor
+        if code is not None or time.monotonic() > deadline:
+            worker.stop()
+            log = worker.log.read_text(errors="replace")[-3000:]
+            reason = f"exited with code {code}" if code is not None else f"not listening after {timeout}s"
+            raise WorkerDidNotStart(f"worker on {host}:{port} {reason}\n--- log tail ---\n{log}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Stack:
+    """Pebble + fault proxy + database + task queue + worker(s)."""
+
+    pebble: devstack.PebbleStack
+    proxy: FaultProxy | None
+    temporal: devstack.TemporalDevServer
+    database_url: str
+    env: dict[str, str]
+    worker: devstack.WorkerProcess
+    workdir: Path
+    extra_workers: list[devstack.WorkerProcess] = field(default_factory=list)
+    failed_starts: list[str] = field(default_factory=list)
+    """First lines of the errors of worker starts that failed and were retried."""
+
+    @property
+    def task_queue(self) -> str:
+        return self.env["CERTFLOW_TASK_QUEUE"]
+
+    @property
+    def http01_port(self) -> int:
+        return self.pebble.http01_port
+
+    def hostname(self, label: str = "shop") -> str:
+        """A unique hostname whose CNAME already points at the edge."""
+        host = f"{label}.c{unique_label()}.test"
+        self.pebble.set_cname(host, CNAME_TARGET)
+        return host
+
+    def bare_hostname(self, label: str = "shop") -> str:
+        return f"{label}.c{unique_label()}.test"
+
+    def managed_hostname(self, label: str = "shop") -> str:
+        """A hostname under the managed base domain: no DNS checks, and its A
+        record (challtestsrv) is what Pebble connects to for HTTP-01."""
+        return f"{label}-{unique_label()}.{MANAGED_BASE_DOMAIN}"
+
+    def client_env(self, task_queue: str | None = None) -> dict[str, str]:
+        return {
+            "CERTFLOW_DATABASE_URL": self.database_url,
+            "CERTFLOW_TEMPORAL_ADDRESS": self.temporal.address,
+            "CERTFLOW_TASK_QUEUE": task_queue or self.task_queue,
+        }
+
+    def start_extra_worker(
+        self,
+        name: str,
+        listen_host: str,
+        *,
+        extra: dict[str, str] | None = None,
+        task_queue: str | None = None,
+    ) -> devstack.WorkerProcess:
+        """Another worker on the same database and Pebble (same HTTP-01 port on
+        another loopback address); same task queue unless told otherwise."""
+        env = {
+            **self.env,
+            "CERTFLOW_HTTP01_LISTEN": f"{listen_host}:{self.http01_port}",
+            **(extra or {}),
+        }
+        if task_queue is not None:
+            env["CERTFLOW_TASK_QUEUE"] = task_queue
+        worker = devstack.start_worker(self.workdir, env, name=name)
+        wait_listening(listen_host, self.http01_port, worker)
+        self.extra_workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for worker in self.extra_workers:
+            worker.stop()
+        self.worker.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+        self.pebble.stop()
+
+
+def build_stack(
+    workdir: Path,
+    temporal: devstack.TemporalDevServer,
+    database_url: str,
+    *,
+    nonce_reject_percent: int = 0,  # 0: request counts at the proxy are exact
+    with_proxy: bool = True,
+    extra: dict[str, str] | None = None,
+    worker_attempts: int = 1,
+) -> Stack:
+    """Start Pebble (+ proxy) and one worker on 127.0.0.1:<Pebble's HTTP-01 port>."""
+    pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=nonce_reject_percent)
+    proxy = None
+    try:
+        if with_proxy:
+            proxy = start_fault_proxy(pebble, workdir / "pebble")
+        env = devstack.certflow_environment(
+            pebble=pebble,
+            temporal_address=temporal.address,
+            database_url=database_url,
+            encryption_key=base64.b64encode(secrets.token_bytes(32)).decode(),
+            cname_target=CNAME_TARGET,
+            task_queue=f"certflow-faults-{unique_label()}",
+            extra={
+                **SHORT_POLICY,
+                "CERTFLOW_MANAGED_BASE_DOMAIN": MANAGED_BASE_DOMAIN,
+                **({"CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url} if proxy else {}),
+                **(extra or {}),
+            },
+        )
+        failed: list[str] = []
+        worker = _start_worker_with_attempts(workdir / "workers", env, worker_attempts, failed)
+    except BaseException:
+        if proxy is not None:
+            proxy.stop()
+        pebble.stop()
+        raise
+    return Stack(
+        pebble, proxy, temporal, database_url, env, worker, workdir / "workers", failed_starts=failed
+    )
+
+
+def _start_worker_with_attempts(
+    workdir: Path, env: dict[str, str], attempts: int, failed: list[str]
+) -> devstack.WorkerProcess:
+    for attempt in range(1, attempts + 1):
+        try:
+            return devstack.start_worker(workdir, env, name=f"worker-a{attempt}")
+        except devstack.StackError as err:
+            lines = str(err).splitlines()
+            failed.append(next((l for l in reversed(lines) if l.strip()), lines[0]))
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def connect_client(stack: Stack, task_queue: str | None = None) -> CertflowClient:
+    return await CertflowClient.connect(
+        ClientSettings(
+            database_url=stack.database_url,
+            temporal_address=stack.temporal.address,
+            task_queue=task_queue or stack.task_queue,
+        )
+    )
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def fault_stack(
+    temporal: devstack.TemporalDevServer,
+    new_database: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    stack = build_stack(
+        tmp_path_factory.mktemp("faults"), temporal, new_database("certflow_faults")
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+async def fault_client(fault_stack: Stack) -> AsyncIterator[CertflowClient]:
+    client = await connect_client(fault_stack)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+async def wait_for(
+    client: CertflowClient,
+    hostname: str,
+    predicate: Callable[[CertificateStatusReport], bool],
+    timeout: float = 60.0,
+    *,
+    seen: list[CertificateStatusReport] | None = None,
+    poll: float = 0.05,
+) -> CertificateStatusReport:
+    """Poll ``status`` until predicate holds; every report is appended to ``seen``."""
+    deadline = time.monotonic() + timeout
+    report = None
+    while True:
+        report = await client.status(hostname)
+        if report is not None:
+            if seen is not None:
+                seen.append(report)
+            if predicate(report):
+                return report
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{hostname}: condition not reached in {timeout}s; last {report}")
+        await asyncio.sleep(poll)
+
+
+async def wait_all_active(
+    client: CertflowClient, hostnames: list[str], timeout: float
+) -> dict[str, CertificateStatusReport]:
+    deadline = time.monotonic() + timeout
+    while True:
+        reports = {h: await client.status(h) for h in hostnames}
+        if all(r is not None and r.status == "ACTIVE" for r in reports.values()):
+            return reports  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            pending = {
+                h: (r.status, r.error_code, r.error_message, r.phase) if r else None
+                for h, r in reports.items()
+                if r is None or r.status != "ACTIVE"
+            }
+            raise AssertionError(f"not ACTIVE after {timeout}s: {pending}")
+        await asyncio.sleep(0.1)
+
+
+@dataclass
+class ActivityRecord:
+    activity_type: str
+    attempt: int  # attempt of the run that ended (started event's attempt)
+    outcome: str  # completed / failed / timed_out / canceled / open
+    failure_type: str | None
+    identity: str
+
+
+async def activity_history(client: CertflowClient, hostname: str) -> list[ActivityRecord]:
+    """Every activity of every run of the hostname's workflow, in order."""
+    workflow_id = f"certificate:{hostname}"
+    runs: list[str] = []
+    deadline = time.monotonic() + 10
+    while True:
+        runs = []
+        continued = False
+        async for execution in client.temporal.list_workflows(f"WorkflowId = '{workflow_id}'"):
+            runs.append(execution.run_id)
+            continued |= execution.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
+        if continued or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    records: list[ActivityRecord] = []
+    for run_id in reversed(runs):  # visibility lists the newest first
+        history = await client.temporal.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        scheduled: dict[int, ActivityRecord] = {}
+        for event in history.events:
+            kind = event.event_type
+            if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                name = event.activity_task_scheduled_event_attributes.activity_type.name
+                record = ActivityRecord(name, 0, "open", None, "")
+                scheduled[event.event_id] = record
+                records.append(record)
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                started = event.activity_task_started_event_attributes
+                scheduled[started.scheduled_event_id].attempt = started.attempt
+                scheduled[started.scheduled_event_id].identity = started.identity
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                completed = event.activity_task_completed_event_attributes
+                scheduled[completed.scheduled_event_id].outcome = "completed"
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                failed = event.activity_task_failed_event_attributes
+                record = scheduled[failed.scheduled_event_id]
+                record.outcome = "failed"
+                record.failure_type = failed.failure.application_failure_info.type or None
+                record.identity = failed.identity or record.identity
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                timed_out = event.activity_task_timed_out_event_attributes
+                scheduled[timed_out.scheduled_event_id].outcome = "timed_out"
+    return records
+
+
+def attempts_summary(records: list[ActivityRecord]) -> str:
+    """e.g. 'finalize_and_store x3' for activities that needed more than one attempt."""
+    retried = [f"{r.activity_type} x{r.attempt}" for r in records if r.attempt > 1]
+    return ", ".join(retried) or "none"
+
+
+def run_starter(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python starter.py ARGS`` as an operator runs it, with only these CERTFLOW_ variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CERTFLOW_")}
+    return subprocess.run(
+        [sys.executable, "starter.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def seconds_until(moment: datetime) -> float:
+    return (moment - now_utc()).total_seconds()
+
+
+def describe(report: Any) -> str:
+    return (
+        f"{report.status} {report.error_code} retry_count={report.retry_count} "
+        f"phase={report.phase!r} msg={report.error_message!r}"
+    )
