@@ -6,6 +6,7 @@
     python starter.py events HOST [--json]
     python starter.py retry HOST | renew HOST | cancel HOST | delete HOST [--revoke]
     python starter.py cooldown [--clear]
+    python starter.py rotate-keys
     python starter.py reconcile [--install [--every SECONDS]]
     python starter.py migrate
     python starter.py demo [--exit]
@@ -58,7 +59,9 @@ from certflow.schedules import (
     install_reconcile_schedule,
     reconcile_schedule_id,
 )
-from certflow.settings import ClientSettings, load_settings
+from certflow.crypto import DecryptionError, EncryptionKey
+from certflow.rotation import rotate_keys
+from certflow.settings import ClientSettings, KeySettings, load_settings
 
 
 @dataclass
@@ -296,6 +299,8 @@ async def _cli(args: argparse.Namespace) -> int:
             await pool.close()
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
         return 0
+    if args.command == "rotate-keys":
+        return await _rotate_keys()
     client = await CertflowClient.connect(settings)
     try:
         if args.command == "request":
@@ -373,6 +378,22 @@ async def _cli(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+async def _rotate_keys() -> int:
+    """Re-encrypt stored keys under CERTFLOW_ENCRYPTION_KEY (old ones in _KEYS_OLD)."""
+    settings = load_settings(KeySettings)
+    key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    pool = await create_pool(settings.database_url, max_size=2)
+    try:
+        report = await rotate_keys(pool, key)
+    except DecryptionError as err:
+        print(f"certflow: {err}; nothing after that value was changed", file=sys.stderr)
+        return 1
+    finally:
+        await pool.close()
+    print(f"examined {report.examined} rows; re-encrypted {report.reencrypted} values")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="starter.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -405,6 +426,9 @@ def _parser() -> argparse.ArgumentParser:
     reconcile = sub.add_parser("reconcile", help="start missing workflows now, or install the schedule")
     reconcile.add_argument("--install", action="store_true")
     reconcile.add_argument("--every", type=float, default=300.0, metavar="SECONDS")
+    sub.add_parser(
+        "rotate-keys", help="re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)"
+    )
     sub.add_parser("migrate", help="apply database migrations")
     demo = sub.add_parser("demo", help="run everything locally and issue three demo certificates")
     demo.add_argument("--exit", action="store_true", help="stop after printing the table")

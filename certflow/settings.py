@@ -93,7 +93,43 @@ class ClientSettings(BaseSettings):
         return value.strip()
 
 
-class Settings(ClientSettings):
+class KeySettings(ClientSettings):
+    """A client that also handles key material (starter.py rotate-keys)."""
+
+    encryption_key: SecretStr
+    encryption_keys_old: SecretStr | None = None
+    """Retired keys (comma-separated base64) that still decrypt until rotate-keys ran."""
+
+    @field_validator("encryption_key")
+    @classmethod
+    def _valid_key(cls, value: SecretStr) -> SecretStr:
+        decode_encryption_key(value.get_secret_value())
+        return value
+
+    @field_validator("encryption_keys_old")
+    @classmethod
+    def _valid_old_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        for position, part in enumerate(value.get_secret_value().split(","), 1):
+            try:
+                decode_encryption_key(part)
+            except ValueError as err:
+                raise ValueError(f"key {position}: {err}") from None
+        return value
+
+    @property
+    def encryption_key_bytes(self) -> bytes:
+        return decode_encryption_key(self.encryption_key.get_secret_value())
+
+    @property
+    def old_encryption_keys_bytes(self) -> list[bytes]:
+        if self.encryption_keys_old is None:
+            return []
+        return [decode_encryption_key(k) for k in self.encryption_keys_old.get_secret_value().split(",")]
+
+
+class Settings(KeySettings):
     """Everything the worker is configured with."""
 
     acme_directory_url: str
@@ -101,10 +137,6 @@ class Settings(ClientSettings):
     acme_ca_bundle: Path | None = None
     acme_key_type: KeyType = KeyType.EC256
     acme_profile: str | None = None
-
-    encryption_key: SecretStr
-    encryption_keys_old: SecretStr | None = None
-    """Retired keys (comma-separated base64) that still decrypt until rotate-keys ran."""
 
     cname_target: str
     caa_issuer_domain: str = "letsencrypt.org"
@@ -142,24 +174,6 @@ class Settings(ClientSettings):
     def _https_url(cls, value: str) -> str:
         if not value.startswith(("https://", "http://")):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
-        return value
-
-    @field_validator("encryption_key")
-    @classmethod
-    def _valid_key(cls, value: SecretStr) -> SecretStr:
-        decode_encryption_key(value.get_secret_value())
-        return value
-
-    @field_validator("encryption_keys_old")
-    @classmethod
-    def _valid_old_keys(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is None:
-            return None
-        for position, part in enumerate(value.get_secret_value().split(","), 1):
-            try:
-                decode_encryption_key(part)
-            except ValueError as err:
-                raise ValueError(f"key {position}: {err}") from None
         return value
 
     @field_validator("acme_ca_bundle")
@@ -224,15 +238,6 @@ class Settings(ClientSettings):
             expiring_soon_days=self.expiring_soon_days,
         )
 
-    @property
-    def encryption_key_bytes(self) -> bytes:
-        return decode_encryption_key(self.encryption_key.get_secret_value())
-
-    @property
-    def old_encryption_keys_bytes(self) -> list[bytes]:
-        if self.encryption_keys_old is None:
-            return []
-        return [decode_encryption_key(k) for k in self.encryption_keys_old.get_secret_value().split(",")]
 
     @property
     def dns_resolver_address(self) -> tuple[str, int]:

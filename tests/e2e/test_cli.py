@@ -85,7 +85,7 @@ def test_missing_setting_is_one_line_naming_it() -> None:
     result = _run(["worker.py"], {"CERTFLOW_DATABASE_URL": "postgresql://x/y"})
     assert result.returncode == 2
     assert result.stderr.strip() == (
-        "certflow: configuration error: CERTFLOW_ACME_DIRECTORY_URL is not set"
+        "certflow: configuration error: CERTFLOW_ENCRYPTION_KEY is not set"
     )
 
 
