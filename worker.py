@@ -33,6 +33,7 @@ from certflow.tracing import configure_tracing
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
+from certflow.search import register_search_attributes
 from workflows.certificate import CertificateWorkflow
 from workflows.reconcile import ReconcileWorkflow
 from workflows.webhooks import WebhookDeliveryWorkflow
@@ -82,9 +83,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             profile=settings.acme_profile,
             metrics=metrics,
         )
-        records = RecordActivities(
-            pool, settings.provisioning_policy(), settings.managed_base_domain
-        )
+        searchable = await register_search_attributes(client, settings.temporal_namespace)
+        policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
+        records = RecordActivities(pool, policy, settings.managed_base_domain)
         host, port = settings.dns_resolver_address
         dns = DnsActivities(
             DnsChecker(

@@ -58,6 +58,8 @@ class ProvisioningPolicy(Frozen):
     max_failures: int = 3
     webhooks: bool = False
     expiring_soon_days: float = 7.0
+    search_attributes: bool = False
+    """Whether the worker registered certflow's search attributes (see certflow.search)."""
 
 
 class CertificateRecord(Frozen):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.workflow import ParentClosePolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -57,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         renewal_time,
     )
     from workflows.webhooks import WEBHOOK_WORKFLOW_TYPE
+    from certflow import search
 
 T = TypeVar("T")
 
@@ -93,6 +94,21 @@ _FINALIZE = _Step(timedelta(seconds=90), _CA_RETRY, heartbeat=timedelta(seconds=
 _BEST_EFFORT = _Step(timedelta(seconds=20), RetryPolicy(maximum_attempts=3))
 
 
+# What each activity shows in the Temporal UI.
+_SUMMARIES = {
+    "ensure_certificate": "reading the certificate row",
+    "check_dns": "checking CNAME and CAA",
+    "create_order": "creating the ACME order",
+    "persist_challenge": "storing the HTTP-01 challenge",
+    "accept_challenge": "asking the CA to validate",
+    "wait_for_order": "polling the order",
+    "finalize_and_store": "finalizing and storing the certificate",
+    "record_failure": "recording the failure",
+    "renewal_info": "asking the CA when to renew (ARI)",
+    "cooldown_remaining": "checking the CA rate-limit cooldown",
+}
+
+
 async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
     result: T = await workflow.execute_activity(
         activity,
@@ -101,6 +117,7 @@ async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
         start_to_close_timeout=step.start_to_close,
         heartbeat_timeout=step.heartbeat,
         retry_policy=step.retry,
+        summary=_SUMMARIES.get(activity, activity.replace("_", " ")),
     )
     return result
 
@@ -141,8 +158,8 @@ class CertificateWorkflow:
         self._hostname = input.hostname
         # Carried over a continue-as-new, so queries and updates are answered
         # right away in the new run, before the row is read again.
-        self._record: CertificateRecord | None = input.carried
-        self._phase = "starting"
+        self._current: CertificateRecord | None = input.carried
+        self._phase_text = "starting"
         self._next_attempt_at: datetime | None = None
         self._retry_requested = False
         self._renew_requested = False
@@ -151,6 +168,27 @@ class CertificateWorkflow:
         self._policy = ProvisioningPolicy()
         self._warned_expiring = False
         self._retry_cuts_wait = False
+        self._published: tuple[object, ...] | None = None
+
+    # Every change of what the product sees is also shown in the Temporal UI.
+
+    @property
+    def _record(self) -> CertificateRecord | None:
+        return self._current
+
+    @_record.setter
+    def _record(self, record: CertificateRecord | None) -> None:
+        self._current = record
+        self._publish()
+
+    @property
+    def _phase(self) -> str:
+        return self._phase_text
+
+    @_phase.setter
+    def _phase(self, phase: str) -> None:
+        self._phase_text = phase
+        self._publish()
 
     # -- the lifecycle -----------------------------------------------------------
 
@@ -257,6 +295,7 @@ class CertificateWorkflow:
                     type(None),
                 )
             await self._wait_for_order(order_url, challenge_url, policy)
+            self._check_stop()  # a cancel during polling must not issue a certificate
             self._phase = "finalizing"
             return await _run(
                 _FINALIZE,
@@ -453,7 +492,11 @@ class CertificateWorkflow:
             if workflow.info().is_continue_as_new_suggested():
                 break  # the next run starts this wait afresh with a short history
             self._phase = "asking the CA when to renew"
-            advice = await _run(_CA, "renewal_info", record.certificate_id, RenewalAdvice)
+            try:
+                advice = await _run(_CA, "renewal_info", record.certificate_id, RenewalAdvice)
+            except ActivityError:
+                # ARI is advice: without it the lifetime rule applies; ask again later.
+                advice = RenewalAdvice(recheck_after_seconds=3600)
             window = None
             if advice.window_start is not None and advice.window_end is not None:
                 window = (advice.window_start, advice.window_end)
@@ -466,10 +509,12 @@ class CertificateWorkflow:
                 wake = min(wake, now + timedelta(seconds=advice.recheck_after_seconds))
             self._phase = "active; waiting for the renewal time"
             self._next_attempt_at = renew_at
+            self._publish()
             try:
                 await workflow.wait_condition(
                     lambda: self._renew_requested or self._stop is not None,
                     timeout=wake - now,
+                    timeout_summary=f"renewal at {renew_at:%Y-%m-%d %H:%M} UTC",
                 )
             except asyncio.TimeoutError:
                 pass
@@ -548,6 +593,38 @@ class CertificateWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._state()
 
+    def _publish(self) -> None:
+        """Show the state in the Temporal UI: search attributes (when the worker
+        registered them) and the workflow's current details. Nothing secret."""
+        record = self._current
+        if record is None:
+            return
+        if self._policy.search_attributes:
+            updates: list[SearchAttributeUpdate[Any]] = [
+                search.HOSTNAME.value_set(record.hostname),
+                search.STATUS.value_set(str(record.status)),
+                search.ERROR_CODE.value_set(str(record.error_code))
+                if record.error_code
+                else search.ERROR_CODE.value_unset(),
+                search.EXPIRES_AT.value_set(record.expires_at)
+                if record.expires_at
+                else search.EXPIRES_AT.value_unset(),
+            ]
+            if record.tenant_id:
+                updates.append(search.TENANT.value_set(record.tenant_id))
+            shown = (record.status, record.error_code, record.expires_at, record.tenant_id)
+            if shown != self._published:
+                self._published = shown
+                workflow.upsert_search_attributes(updates)
+        details = [f"**{record.status}** — {self._phase_text}"]
+        if self._next_attempt_at is not None:
+            details.append(f"next: {self._next_attempt_at:%Y-%m-%d %H:%M:%S} UTC")
+        if record.error_code:
+            details.append(f"last error: {record.error_code}: {record.error_message or ''}")
+        if record.expires_at is not None:
+            details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
+        workflow.set_current_details("\n\n".join(details))
+
     def _next_run_input(self) -> CertificateInput:
         record = self._record
         assert record is not None
@@ -565,11 +642,13 @@ class CertificateWorkflow:
             return False
         self._next_attempt_at = workflow.now() + timedelta(seconds=seconds)
         self._retry_cuts_wait = interruptible
+        self._publish()
         retried = False
         try:
             await workflow.wait_condition(
                 lambda: self._stop is not None or (interruptible and self._retry_requested),
                 timeout=timedelta(seconds=seconds),
+                timeout_summary=f"{self._phase_text} until {self._next_attempt_at:%H:%M:%S} UTC",
             )
             retried = self._stop is None
         except asyncio.TimeoutError:
@@ -621,6 +700,13 @@ class CertificateWorkflow:
         # retry does not cut (order polling), answer now: the request stays noted.
         await workflow.wait_condition(
             lambda: not self._retry_requested or self._stopped or not self._retry_cuts_wait
+        )
+        # A FAILED certificate answers once its budget is reset, not with the old state.
+        await workflow.wait_condition(
+            lambda: self._stopped
+            or self._retry_cuts_wait
+            or self._current is None
+            or self._current.status is not CertificateStatus.FAILED
         )
         return self._state()
 

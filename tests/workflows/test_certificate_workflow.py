@@ -6,6 +6,7 @@ See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -45,7 +46,6 @@ from .fakes import (
     gap,
     invalid_order_error,
     order,
-    rate_limited_error,
     seconds_between,
     started,
 )
@@ -163,7 +163,7 @@ async def test_order_polling_waits_on_durable_timers(
     ],
 )
 async def test_dns_error_keeps_pending_and_rechecks_with_backoff(
-    workflow_env: WorkflowEnvironment, error: type[ApplicationError], code: ErrorCode
+    workflow_env: WorkflowEnvironment, error: Callable[[], ApplicationError], code: ErrorCode
 ) -> None:
     fakes = Fakes(workflow_env, behaviours={"check_dns": fail_first(3, error)})
     async with started(workflow_env, fakes) as run:
@@ -205,9 +205,8 @@ async def test_dns_error_keeps_pending_and_rechecks_with_backoff(
 async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    fakes = Fakes(
-        workflow_env, behaviours={"create_order": fail_first(1, lambda: rate_limited_error(120))}
-    )
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["create_order"] = fakes.rate_limited(1, 120)
     async with started(workflow_env, fakes) as run:
         await run.until_active(advance=10)
         assert [as_tuple(o) for o in fakes.outcomes()] == [
@@ -229,10 +228,8 @@ async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
 async def test_rate_limited_with_open_order_keeps_it_and_polls_it_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    fakes = Fakes(
-        workflow_env,
-        behaviours={"finalize_and_store": fail_first(1, lambda: rate_limited_error(120))},
-    )
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["finalize_and_store"] = fakes.rate_limited(1, 120)
     async with started(workflow_env, fakes) as run:
         waiting = await run.until(lambda s: s.error_code is not None, "the rate-limit wait")
         assert waiting.status is PROVISIONING

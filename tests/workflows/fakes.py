@@ -1,0 +1,690 @@
+"""In-memory stand-ins for the Certificate workflow's activities.
+
+Every activity the workflow calls by name is replaced by a plain async function
+registered under that name, taking and returning the real payload models. The
+fakes share one :class:`Row` (the certificate row as Postgres would hold it)
+and apply the same guarded transitions the SQL in ``certflow/certificates.py``
+applies, so the workflow sees what it would see against Postgres: after
+``finalize_and_store`` the row is ACTIVE, so the next run's
+``ensure_certificate`` answers ACTIVE and the workflow waits for the renewal
+time.
+
+Each fake appends a :class:`Call` (name, input, the test server's virtual time)
+to ``Fakes.calls``, so tests assert the exact order of side effects and the
+durable waits between them. A *behaviour* (``Fakes.behaviours[name]``) gets the
+0-based index of the call of that activity and its input; it may raise, return
+a value of its own, or return :data:`DEFAULT` to let the fake do what the real
+activity does.
+
+About time skipping (V1 / Java test server): the server's clock runs with the
+wall clock while time skipping is *locked*, the default. The SDK unlocks it
+only while ``handle.result()`` or ``env.sleep()`` is awaited; then the server
+jumps to the next timer whenever nothing is in flight. An ACTIVE certificate's
+workflow never completes on its own (it waits for the renewal time, renews,
+continues as new, …), so tests observe it through the ``status`` query, move
+virtual time on with ``env.sleep`` and end with the ``cancel`` update, after
+which ``handle.result()`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from certflow.errors import ErrorCode
+from certflow.models import (
+    WORKFLOW_TYPE,
+    AcceptChallengeInput,
+    CertificateInput,
+    CertificateRecord,
+    CertificateState,
+    CertificateStatus,
+    CheckDnsInput,
+    CreateOrderInput,
+    EnsureCertificateInput,
+    EnsureCertificateResult,
+    FinalizeInput,
+    IssuedCertificate,
+    OpenedOrder,
+    OpenOrder,
+    OrderProgress,
+    Outcome,
+    PersistChallengeInput,
+    ProvisioningPolicy,
+    RecordFailureInput,
+    RenewalAdvice,
+    WaitForOrderInput,
+    workflow_id_for,
+)
+from workflows.certificate import CertificateWorkflow
+
+HOSTNAME = "x.test"
+CERT_ID = "11111111-2222-3333-4444-555555555555"
+
+# Fast defaults: a test that measures a wait sets the knob it measures.
+FAST_POLICY = ProvisioningPolicy(
+    dns_recheck_initial_seconds=60,
+    dns_recheck_max_seconds=3600,
+    failure_backoff_initial_seconds=60,
+    failure_backoff_max_seconds=3600,
+    order_fast_poll_seconds=1,
+    failed_retry_seconds=0,
+    max_failures=3,
+)
+
+HAPPY_STEPS = [
+    "ensure_certificate",
+    "check_dns",
+    "create_order",
+    "persist_challenge",
+    "accept_challenge",
+    "wait_for_order",
+    "finalize_and_store",
+]
+# What a run that starts on an ACTIVE row does before it waits for the renewal time.
+ACTIVE_RUN_STEPS = ["ensure_certificate", "renewal_info"]
+# An issuance or renewal from a clean row (no open order), after ensure/begin_renewal.
+ATTEMPT_STEPS = HAPPY_STEPS[1:]
+
+DEFAULT: Any = object()
+"""A behaviour returns this to let the fake do what the real activity does."""
+
+
+def order(n: int) -> OpenedOrder:
+    return OpenedOrder(
+        order_url=f"https://ca.test/order/{n}",
+        authorization_url=f"https://ca.test/authz/{n}",
+        challenge_url=f"https://ca.test/chall/{n}",
+        token=f"tok-{n}",
+        key_authorization=f"tok-{n}.thumbprint",
+    )
+
+
+def app_error(
+    code: ErrorCode,
+    message: str,
+    *,
+    retry_after: float | None = None,
+    non_retryable: bool = True,
+) -> ApplicationError:
+    """The error a real activity raises (see ``certflow.errors.to_application_error``).
+
+    non_retryable by default so the activity retry policy does not replay it:
+    every raise is then one failed attempt as the workflow sees it.
+    """
+    details: dict[str, Any] = {"code": str(code), "message": message}
+    if retry_after is not None:
+        details["retry_after_seconds"] = retry_after
+    return ApplicationError(message, details, type=str(code), non_retryable=non_retryable)
+
+
+def dns_cname_error() -> ApplicationError:
+    return app_error(ErrorCode.DNS_CNAME, f"{HOSTNAME} has no CNAME to edge.test")
+
+
+def dns_caa_error() -> ApplicationError:
+    return app_error(ErrorCode.DNS_CAA, f"CAA of {HOSTNAME} does not allow ca.test")
+
+
+def acme_temporary_error() -> ApplicationError:
+    return app_error(ErrorCode.ACME_TEMPORARY, "the CA answered 503")
+
+
+def invalid_order_error() -> ApplicationError:
+    return app_error(ErrorCode.ACME_INVALID_ORDER, "the order is invalid")
+
+
+def rate_limited_error(retry_after: float) -> ApplicationError:
+    return app_error(
+        ErrorCode.ACME_RATE_LIMITED, "too many new orders recently", retry_after=retry_after
+    )
+
+
+@dataclass
+class Row:
+    """The certificate row (the fakes' Postgres)."""
+
+    certificate_id: str = CERT_ID
+    hostname: str = HOSTNAME
+    tenant_id: str | None = None
+    status: CertificateStatus = CertificateStatus.PENDING
+    error_code: ErrorCode | None = None
+    error_message: str | None = None
+    retry_count: int = 0
+    order_url: str | None = None
+    challenge_url: str | None = None
+    not_before: datetime | None = None
+    expires_at: datetime | None = None
+    skips_dns: bool = False
+    serial: str | None = None
+    deleted: bool = False
+
+    def record(self) -> CertificateRecord:
+        return CertificateRecord(
+            certificate_id=self.certificate_id,
+            hostname=self.hostname,
+            tenant_id=self.tenant_id,
+            status=self.status,
+            error_code=self.error_code,
+            error_message=self.error_message,
+            retry_count=self.retry_count,
+            order_url=self.order_url,
+            challenge_url=self.challenge_url,
+            not_before=self.not_before,
+            expires_at=self.expires_at,
+            skips_dns=self.skips_dns,
+        )
+
+    def clear_order(self) -> None:
+        self.order_url = self.challenge_url = None
+
+
+def active_row(not_before: datetime, lifetime: timedelta, serial: str = "initial") -> Row:
+    return Row(
+        status=CertificateStatus.ACTIVE,
+        not_before=not_before,
+        expires_at=not_before + lifetime,
+        serial=serial,
+    )
+
+
+@dataclass
+class Call:
+    name: str
+    arg: Any
+    at: datetime  # the test server's (virtual) clock when the activity ran
+
+
+Behaviour = Callable[[int, Any], Awaitable[Any]]
+
+
+def fail_first(times: int, error: Callable[[], BaseException]) -> Behaviour:
+    """Raise error() on the first `times` calls, then behave like the real activity."""
+
+    async def behaviour(index: int, _: Any) -> Any:
+        if index < times:
+            raise error()
+        return DEFAULT
+
+    return behaviour
+
+
+def returns(*values: Any) -> Behaviour:
+    """The i-th call returns values[i] (DEFAULT past the end)."""
+
+    async def behaviour(index: int, _: Any) -> Any:
+        return values[index] if index < len(values) else DEFAULT
+
+    return behaviour
+
+
+@dataclass
+class Fakes:
+    env: WorkflowEnvironment
+    row: Row = field(default_factory=Row)
+    policy: ProvisioningPolicy = FAST_POLICY
+    lifetime: timedelta = timedelta(days=90)
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    issued: list[IssuedCertificate] = field(default_factory=list)
+    orders_created: int = 0
+    cooldown_until: datetime | None = None
+    """The CA's shared rate-limit cooldown (``acme_cooldowns``)."""
+
+    def rate_limited(self, times: int, seconds: float) -> Behaviour:
+        """The first `times` calls hit a CA rate limit with Retry-After `seconds`:
+        like the real activities, extend the shared cooldown, then raise."""
+
+        async def behaviour(index: int, _: Any) -> Any:
+            if index >= times:
+                return DEFAULT
+            until = self.calls[-1].at + timedelta(seconds=seconds)
+            if self.cooldown_until is None or until > self.cooldown_until:
+                self.cooldown_until = until
+            raise rate_limited_error(seconds)
+
+        return behaviour
+
+    # -- reading what happened ------------------------------------------------
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.calls]
+
+    def of(self, name: str) -> list[Call]:
+        return [c for c in self.calls if c.name == name]
+
+    def outcomes(self) -> list[Outcome]:
+        return [c.arg.outcome for c in self.of("record_failure")]
+
+    def names_after(self, index: int) -> list[str]:
+        return self.names()[index:]
+
+    # -- the fakes ------------------------------------------------------------
+
+    async def _enter(self, name: str, arg: Any) -> tuple[Any, datetime]:
+        index = len(self.of(name))
+        now = await self.env.get_current_time()
+        self.calls.append(Call(name, arg, now))
+        behaviour = self.behaviours.get(name)
+        result = DEFAULT if behaviour is None else await behaviour(index, arg)
+        return result, now
+
+    def _gone(self) -> ApplicationError:
+        return ApplicationError(
+            f"certificate {self.row.certificate_id} no longer exists",
+            type="CERTIFICATE_GONE",
+            non_retryable=True,
+        )
+
+    def activities(self) -> list[Callable[..., Any]]:
+        row = self.row
+
+        @activity.defn(name="ensure_certificate")
+        async def ensure_certificate(input: EnsureCertificateInput) -> EnsureCertificateResult:
+            result, _ = await self._enter("ensure_certificate", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            if row.deleted:  # INSERT … ON CONFLICT DO NOTHING: a fresh PENDING row
+                fresh = Row(hostname=input.hostname, tenant_id=input.tenant_id)
+                row.__dict__.update(fresh.__dict__)
+            return EnsureCertificateResult(record=row.record(), policy=self.policy)
+
+        @activity.defn(name="check_dns")
+        async def check_dns(input: CheckDnsInput) -> None:
+            await self._enter("check_dns", input)
+
+        @activity.defn(name="create_order")
+        async def create_order(input: CreateOrderInput) -> OpenedOrder:
+            result, _ = await self._enter("create_order", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            self.orders_created += 1
+            return order(self.orders_created)
+
+        @activity.defn(name="persist_challenge")
+        async def persist_challenge(input: PersistChallengeInput) -> bool:
+            result, _ = await self._enter("persist_challenge", input)
+            if result is not DEFAULT:
+                return bool(result)
+            fresh = row.status in (
+                CertificateStatus.PENDING,
+                CertificateStatus.RENEWING,
+                CertificateStatus.EXPIRED,
+            )
+            if row.deleted or not (
+                (fresh and row.order_url is None) or row.order_url == input.order.order_url
+            ):
+                return False
+            if row.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
+                row.status = CertificateStatus.PROVISIONING
+            row.order_url = input.order.order_url
+            row.challenge_url = input.order.challenge_url
+            row.error_code = row.error_message = None
+            return True
+
+        @activity.defn(name="accept_challenge")
+        async def accept_challenge(input: AcceptChallengeInput) -> None:
+            await self._enter("accept_challenge", input)
+
+        @activity.defn(name="wait_for_order")
+        async def wait_for_order(input: WaitForOrderInput) -> OrderProgress:
+            result, _ = await self._enter("wait_for_order", input)
+            return OrderProgress(status="ready") if result is DEFAULT else result
+
+        @activity.defn(name="finalize_and_store")
+        async def finalize_and_store(input: FinalizeInput) -> IssuedCertificate:
+            result, now = await self._enter("finalize_and_store", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            if row.deleted or row.order_url != input.order_url or row.status not in (
+                CertificateStatus.PROVISIONING,
+                CertificateStatus.RENEWING,
+                CertificateStatus.PENDING,
+                CertificateStatus.EXPIRED,
+            ):
+                raise app_error(
+                    ErrorCode.ACME_INVALID_ORDER,
+                    "the certificate row moved on before the certificate could be stored",
+                )
+            issued = IssuedCertificate(
+                serial_hex=f"{len(self.issued) + 1:04x}", not_before=now, not_after=now + self.lifetime
+            )
+            self.issued.append(issued)
+            row.status = CertificateStatus.ACTIVE
+            row.serial = issued.serial_hex
+            row.not_before, row.expires_at = issued.not_before, issued.not_after
+            row.retry_count = 0
+            row.error_code = row.error_message = None
+            row.clear_order()
+            return issued
+
+        @activity.defn(name="record_failure")
+        async def record_failure(input: RecordFailureInput) -> bool:
+            result, _ = await self._enter("record_failure", input)
+            if result is not DEFAULT:
+                return bool(result)
+            if row.deleted or row.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
+                return False
+            outcome = input.outcome
+            row.status = outcome.status
+            row.retry_count = outcome.retry_count
+            row.error_code = outcome.error_code
+            row.error_message = input.message
+            if not outcome.keep_order:
+                row.clear_order()
+            return True
+
+        @activity.defn(name="reopen_failed")
+        async def reopen_failed(certificate_id: str) -> CertificateRecord:
+            result, now = await self._enter("reopen_failed", certificate_id)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            if row.deleted:
+                raise self._gone()
+            if row.status is CertificateStatus.FAILED:
+                if row.serial is None:
+                    row.status = CertificateStatus.PENDING
+                elif row.expires_at is not None and row.expires_at <= now:
+                    row.status = CertificateStatus.EXPIRED
+                else:
+                    row.status = CertificateStatus.RENEWING
+                row.retry_count = 0
+            return row.record()
+
+        @activity.defn(name="begin_renewal")
+        async def begin_renewal(certificate_id: str) -> bool:
+            result, _ = await self._enter("begin_renewal", certificate_id)
+            if result is not DEFAULT:
+                return bool(result)
+            if row.deleted or row.status is not CertificateStatus.ACTIVE:
+                return False
+            row.status = CertificateStatus.RENEWING
+            return True
+
+        @activity.defn(name="mark_expired")
+        async def mark_expired(certificate_id: str) -> bool:
+            result, now = await self._enter("mark_expired", certificate_id)
+            if result is not DEFAULT:
+                return bool(result)
+            if (
+                row.deleted
+                or row.status is not CertificateStatus.RENEWING
+                or row.expires_at is None
+                or row.expires_at > now
+            ):
+                return False
+            row.status = CertificateStatus.EXPIRED
+            return True
+
+        @activity.defn(name="renewal_info")
+        async def renewal_info(certificate_id: str) -> RenewalAdvice:
+            result, _ = await self._enter("renewal_info", certificate_id)
+            return RenewalAdvice() if result is DEFAULT else result
+
+        @activity.defn(name="cooldown_remaining")
+        async def cooldown_remaining(hostname: str) -> float:
+            result, now = await self._enter("cooldown_remaining", hostname)
+            if result is not DEFAULT:
+                return float(result)
+            if self.cooldown_until is None:
+                return 0.0
+            return max(0.0, (self.cooldown_until - now).total_seconds())
+
+        @activity.defn(name="cancel_certificate")
+        async def cancel_certificate(certificate_id: str) -> OpenOrder:
+            result, _ = await self._enter("cancel_certificate", certificate_id)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            open_order = OpenOrder(order_url=row.order_url)
+            row.status = CertificateStatus.CANCELED
+            row.clear_order()
+            return open_order
+
+        @activity.defn(name="deactivate_authorizations")
+        async def deactivate_authorizations(order_url: str) -> None:
+            await self._enter("deactivate_authorizations", order_url)
+
+        @activity.defn(name="revoke_certificate")
+        async def revoke_certificate(certificate_id: str) -> None:
+            await self._enter("revoke_certificate", certificate_id)
+
+        @activity.defn(name="delete_certificate")
+        async def delete_certificate(certificate_id: str) -> bool:
+            result, _ = await self._enter("delete_certificate", certificate_id)
+            if result is not DEFAULT:
+                return bool(result)
+            existed = not row.deleted
+            row.deleted = True
+            return existed
+
+        return [
+            ensure_certificate,
+            check_dns,
+            create_order,
+            persist_challenge,
+            accept_challenge,
+            wait_for_order,
+            finalize_and_store,
+            record_failure,
+            reopen_failed,
+            begin_renewal,
+            mark_expired,
+            renewal_info,
+            cooldown_remaining,
+            cancel_certificate,
+            deactivate_authorizations,
+            revoke_certificate,
+            delete_certificate,
+        ]
+
+
+# -- driving the workflow ---------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """A started workflow, its fakes and the environment it runs in."""
+
+    env: WorkflowEnvironment
+    fakes: Fakes
+    handle: WorkflowHandle[Any, CertificateState]
+
+    async def state(self) -> CertificateState:
+        """The status query.
+
+        The V1 test server can lose a query that reaches a run in the very
+        workflow task that continues it as new (the worker's answer comes back
+        "workflow execution already completed" and the query would hang until
+        its deadline), so each try gets a short deadline and is repeated.
+        """
+        for _ in range(10):
+            try:
+                state: CertificateState = await self.handle.query(
+                    "status", result_type=CertificateState, rpc_timeout=timedelta(seconds=2)
+                )
+                return state
+            except RPCError as err:
+                if err.status is not RPCStatusCode.DEADLINE_EXCEEDED:
+                    raise
+        pytest.fail("the status query never answered")
+
+    async def now(self) -> datetime:
+        return await self.env.get_current_time()
+
+    async def until(
+        self,
+        predicate: Callable[[CertificateState], bool],
+        what: str,
+        *,
+        advance: float | timedelta | None = None,
+        timeout: float = 20,
+    ) -> CertificateState:
+        """Poll the status query until predicate holds.
+
+        Without ``advance`` the clock stays locked (virtual time runs with the
+        wall clock, so a long durable wait cannot elapse meanwhile); with it,
+        virtual time is skipped by that much between polls.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        state: CertificateState | None = None
+        while loop.time() < deadline:
+            state = await self.state()
+            if predicate(state):
+                return state
+            if advance is None:
+                await asyncio.sleep(0.02)
+            else:
+                await self.env.sleep(advance)
+        pytest.fail(f"workflow never reached {what}; last status: {state!r}; calls: {self.fakes.names()}")
+
+    async def until_calls(
+        self,
+        name: str,
+        count: int,
+        *,
+        advance: float | timedelta | None = None,
+        timeout: float = 20,
+    ) -> list[Call]:
+        """Wait until `name` was called `count` times (skipping `advance` between checks)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.fakes.of(name)) < count:
+            if loop.time() >= deadline:
+                pytest.fail(f"{name} called {len(self.fakes.of(name))} times, not {count}: {self.fakes.names()}")
+            if advance is None:
+                await asyncio.sleep(0.02)
+            else:
+                await self.env.sleep(advance)
+        return self.fakes.of(name)
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Skip virtual time up to `when` (no-op when already past)."""
+        now = await self.now()
+        if when > now:
+            await self.env.sleep(when - now)
+
+    def in_renewal_wait(self, serial_count: int | None = None) -> bool:
+        """From the fakes alone: the row is ACTIVE and the current run's last step
+        was asking the CA when to renew (so it is on the renewal timer)."""
+        names = self.fakes.names()
+        return (
+            self.fakes.row.status is CertificateStatus.ACTIVE
+            and bool(names)
+            and names[-1] == "renewal_info"
+            and (serial_count is None or len(self.fakes.issued) == serial_count)
+        )
+
+    async def until_active(
+        self,
+        *,
+        serial_count: int | None = None,
+        advance: float | timedelta | None = None,
+        timeout: float = 20,
+    ) -> CertificateState:
+        """Wait for ACTIVE on the renewal timer (optionally after `serial_count` issuances).
+
+        Waits on the fakes first and only then queries: the V1 test server can
+        lose a query that meets the workflow task that continues the run as new,
+        and then also never records that run's close event (``handle.result()``
+        and history reads of that run hang). After ``renewal_info`` the new run
+        is on its timer and queries are safe.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.in_renewal_wait(serial_count):
+            if loop.time() >= deadline:
+                pytest.fail(
+                    f"never reached the renewal wait; row {self.fakes.row!r}; "
+                    f"calls: {self.fakes.names()}"
+                )
+            if advance is None:
+                await asyncio.sleep(0.02)
+            else:
+                await self.env.sleep(advance)
+        return await self.until(
+            lambda s: s.status is CertificateStatus.ACTIVE
+            and s.phase == "active; waiting for the renewal time",
+            "ACTIVE (waiting for the renewal time)",
+        )
+
+    async def cancel(self) -> CertificateState:
+        """End the workflow with the cancel update; returns the workflow's result."""
+        answer = await self.handle.execute_update("cancel", result_type=CertificateState)
+        assert answer.status is CertificateStatus.CANCELED, answer
+        result = await self.result()
+        assert result.status is CertificateStatus.CANCELED, result
+        return result
+
+    async def result(self) -> CertificateState:
+        """The result of a workflow that is ending (after cancel or delete).
+
+        Awaited with time skipping left locked: unlocked, the V1 test server
+        would jump its clock to the next timer it still holds, including the
+        10-year run-timeout timers of earlier tests' closed runs.
+        """
+        latest = self.env.client.get_workflow_handle(
+            self.handle.id, result_type=CertificateState
+        )  # the current run: following the chain from the first run is not needed
+        with self.env.auto_time_skipping_disabled():
+            return await asyncio.wait_for(latest.result(), 20)
+
+    async def run_id(self) -> str:
+        run_id = (await self.handle.describe()).run_id
+        assert run_id is not None
+        return run_id
+
+
+@asynccontextmanager
+async def started(env: WorkflowEnvironment, fakes: Fakes) -> AsyncIterator[Run]:
+    """A worker with the fakes on a fresh task queue, and the workflow started on it.
+
+    A workflow still running when the test ends (a failed test) is terminated,
+    so it cannot wake up during a later test's time skipping.
+    """
+    task_queue = f"certificate-test-{uuid.uuid4()}"
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[CertificateWorkflow],
+        activities=fakes.activities(),
+    ):
+        handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
+            WORKFLOW_TYPE,
+            CertificateInput(hostname=HOSTNAME),
+            id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
+            task_queue=task_queue,
+            result_type=CertificateState,
+            # No execution timeout: the V1 test server keeps a run's timeout timer
+            # after the run continued as new, and the next unlocked wait would
+            # jump virtual time to it. A failed test's run is terminated below.
+        )
+        try:
+            yield Run(env, fakes, handle)
+        finally:
+            try:
+                if (await handle.describe()).status is WorkflowExecutionStatus.RUNNING:
+                    await handle.terminate("test over")
+            except Exception:  # noqa: BLE001 - best-effort cleanup
+                pass
+
+
+def seconds_between(calls: list[Call]) -> list[float]:
+    return [(b.at - a.at).total_seconds() for a, b in zip(calls, calls[1:])]
+
+
+def gap(a: Call, b: Call) -> float:
+    return (b.at - a.at).total_seconds()

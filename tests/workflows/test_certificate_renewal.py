@@ -1,0 +1,249 @@
+"""Renewal (SPEC §6) on the time-skipping test server: when it happens (1/3 rule,
+1/2 under 10 days, ARI window), renewal cycles with continue-as-new, and expiry
+during a renewal that keeps failing.
+
+See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+
+from certflow.errors import ErrorCode
+from certflow.models import CertificateStatus, RenewalAdvice
+
+from .fakes import (
+    ACTIVE_RUN_STEPS,
+    ATTEMPT_STEPS,
+    CERT_ID,
+    DEFAULT,
+    FAST_POLICY,
+    Fakes,
+    acme_temporary_error,
+    active_row,
+    returns,
+    started,
+)
+
+ACTIVE = CertificateStatus.ACTIVE
+RENEWING = CertificateStatus.RENEWING
+EXPIRED = CertificateStatus.EXPIRED
+MINUTE = timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "renew_after"),
+    [
+        pytest.param(timedelta(days=90), timedelta(days=60), id="90-days-at-1/3-left"),
+        pytest.param(timedelta(days=6), timedelta(days=3), id="6-days-at-1/2-left"),
+    ],
+)
+async def test_renews_when_the_rule_says(
+    workflow_env: WorkflowEnvironment, lifetime: timedelta, renew_after: timedelta
+) -> None:
+    t0 = await workflow_env.get_current_time()
+    fakes = Fakes(workflow_env, row=active_row(t0, lifetime), lifetime=lifetime)
+    async with started(workflow_env, fakes) as run:
+        state = await run.until_active()
+        assert fakes.names() == ACTIVE_RUN_STEPS
+        assert fakes.of("renewal_info")[0].arg == CERT_ID
+        renew_at = t0 + renew_after
+        assert state.next_attempt_at == renew_at
+        assert state.expires_at == t0 + lifetime
+
+        await run.sleep_until(renew_at - timedelta(hours=1))
+        assert "begin_renewal" not in fakes.names()
+        await workflow_env.sleep(timedelta(hours=2))
+
+        (begun,) = fakes.of("begin_renewal")
+        assert renew_at <= begun.at < renew_at + MINUTE
+        state = await run.until_active(serial_count=1)
+        (issued,) = fakes.issued
+        assert issued.serial_hex != "initial"
+        assert state.expires_at == issued.not_after
+        assert state.next_attempt_at == issued.not_before + renew_after
+        assert fakes.names() == [
+            *ACTIVE_RUN_STEPS,
+            "begin_renewal",
+            *ATTEMPT_STEPS,
+            *ACTIVE_RUN_STEPS,
+        ]
+        assert "record_failure" not in fakes.names()
+        await run.cancel()
+
+
+async def test_renews_inside_the_ari_window(workflow_env: WorkflowEnvironment) -> None:
+    t0 = await workflow_env.get_current_time()
+    start, end = t0 + timedelta(days=20), t0 + timedelta(days=22)
+    fakes = Fakes(workflow_env, row=active_row(t0, timedelta(days=90)))
+    fakes.behaviours["renewal_info"] = returns(
+        # No window yet, ask again in a day…
+        RenewalAdvice(recheck_after_seconds=86400),
+        # …then the CA suggests one, well before the 1/3 rule's day 60.
+        RenewalAdvice(window_start=start, window_end=end, recheck_after_seconds=30 * 86400),
+    )
+    async with started(workflow_env, fakes) as run:
+        state = await run.until_active()
+        assert state.next_attempt_at == t0 + timedelta(days=60)  # no window: the 1/3 rule
+
+        await run.sleep_until(t0 + timedelta(days=1, hours=1))
+        first, second = fakes.of("renewal_info")
+        assert timedelta(days=1) <= second.at - first.at < timedelta(days=1) + MINUTE
+        state = await run.state()
+        assert state.next_attempt_at is not None
+        assert start <= state.next_attempt_at <= end
+        planned = state.next_attempt_at
+
+        await run.sleep_until(end + timedelta(hours=1))
+        (begun,) = fakes.of("begin_renewal")
+        assert planned <= begun.at < planned + MINUTE
+        assert start <= begun.at <= end + MINUTE
+        state = await run.until_active(serial_count=1)
+        # The new certificate: no window offered for it, so the 1/3 rule again.
+        (issued,) = fakes.issued
+        assert state.next_attempt_at == issued.not_before + timedelta(days=60)
+        await run.cancel()
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "renew_after"),
+    [
+        pytest.param(timedelta(days=90), timedelta(days=60), id="90-days"),
+        pytest.param(timedelta(days=6), timedelta(days=3), id="6-days"),
+    ],
+)
+async def test_three_renewal_cycles_each_continue_as_new(
+    workflow_env: WorkflowEnvironment, lifetime: timedelta, renew_after: timedelta
+) -> None:
+    t0 = await workflow_env.get_current_time()
+    fakes = Fakes(workflow_env, row=active_row(t0, lifetime), lifetime=lifetime)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        run_ids = [await run.run_id()]
+        serials = {"initial"}
+        for cycle in range(1, 4):
+            assert fakes.row.not_before is not None
+            renew_at = fakes.row.not_before + renew_after
+            await run.sleep_until(renew_at + renew_after / 10)
+            state = await run.until_active(serial_count=cycle)
+
+            begun = fakes.of("begin_renewal")
+            assert len(begun) == cycle
+            assert renew_at <= begun[-1].at < renew_at + MINUTE
+            new = fakes.issued[-1]
+            assert new.serial_hex not in serials  # a NEW certificate each time
+            serials.add(new.serial_hex)
+            assert state.status is ACTIVE
+            assert state.expires_at == new.not_after
+            assert new.not_before >= renew_at
+            run_id = await run.run_id()
+            assert run_id not in run_ids  # the cycle ended with continue-as-new
+            run_ids.append(run_id)
+
+        lengths = []
+        for run_id in run_ids:
+            history = await workflow_env.client.get_workflow_handle(
+                run.handle.id, run_id=run_id
+            ).fetch_history()
+            lengths.append(len(history.events))
+        print(f"{lifetime.days}-day certificate: history lengths of the runs {lengths}")
+        assert all(n < 100 for n in lengths), lengths
+        assert lengths[-1] < 30, lengths  # the latest run only waits for the renewal time
+        assert len(fakes.of("ensure_certificate")) == 4  # one per run
+        await run.cancel()
+
+
+async def test_expiry_during_a_failing_renewal_then_the_ca_recovers(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    t0 = await workflow_env.get_current_time()
+    lifetime = timedelta(days=6)
+    expires = t0 + lifetime
+    policy = FAST_POLICY.model_copy(
+        update={
+            "failure_backoff_initial_seconds": 12 * 3600,
+            "failure_backoff_max_seconds": 24 * 3600,
+            "max_failures": 10,
+            "failed_retry_seconds": 86400,
+        }
+    )
+    ca_down = True
+
+    async def finalize(_: int, __: Any) -> Any:
+        if ca_down:
+            raise acme_temporary_error()
+        return DEFAULT
+
+    fakes = Fakes(
+        workflow_env,
+        row=active_row(t0, lifetime),
+        lifetime=lifetime,
+        policy=policy,
+        behaviours={"finalize_and_store": finalize},
+    )
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        await run.sleep_until(t0 + timedelta(days=3, hours=1))
+        state = await run.state()
+        # Renewing: the old certificate stays in place while attempts fail.
+        assert state.status is RENEWING
+        assert state.expires_at == expires
+        assert state.error_code is ErrorCode.ACME_TEMPORARY
+        assert state.retry_count == 1
+        assert "mark_expired" not in fakes.names()
+
+        await run.sleep_until(expires + timedelta(hours=2))
+        (expired,) = fakes.of("mark_expired")
+        assert expired.arg == CERT_ID
+        assert expires <= expired.at < expires + MINUTE  # woken for the expiry, not later
+        state = await run.state()
+        assert state.status is EXPIRED
+        assert fakes.row.status is EXPIRED
+        outcomes = fakes.outcomes()
+        before = [c for c in fakes.of("record_failure") if c.at < expired.at]
+        assert before and all(c.arg.outcome.status is RENEWING for c in before)
+        assert outcomes[-1].status is EXPIRED
+        assert [o.retry_count for o in outcomes] == list(range(1, len(outcomes) + 1))
+        assert fakes.issued == []
+
+        ca_down = False  # the CA recovers; "retry now" cuts the backoff short
+        await run.handle.signal("retry")
+        state = await run.until_active(serial_count=1)
+        (issued,) = fakes.issued
+        assert state.status is ACTIVE
+        assert state.expires_at == issued.not_after > expires
+        assert state.error_code is None and state.retry_count == 0
+        # The kept order of the renewal was finalized: one order for the whole renewal.
+        assert len(fakes.of("create_order")) == 1
+        assert "reopen_failed" not in fakes.names()
+        await run.cancel()
+
+
+async def test_a_failing_renewal_info_does_not_end_the_workflow(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    t0 = await workflow_env.get_current_time()
+
+    async def broken(index: int, _: Any) -> Any:
+        if index < 4:  # every attempt of the first call (the CA retry policy: 4)
+            raise RuntimeError("could not read the current certificate")
+        return DEFAULT
+
+    fakes = Fakes(
+        workflow_env, row=active_row(t0, timedelta(days=90)), behaviours={"renewal_info": broken}
+    )
+    async with started(workflow_env, fakes) as run:
+        await run.until_calls("renewal_info", 4, advance=1)
+        await workflow_env.sleep(60)
+        description = await run.handle.describe()
+        status = description.status
+        if status is WorkflowExecutionStatus.RUNNING:
+            await run.until_active()
+            await run.cancel()
+    # The ACTIVE certificate's workflow must live on (and renew by the 1/3 rule).
+    assert status is WorkflowExecutionStatus.RUNNING, status
