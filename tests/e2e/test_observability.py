@@ -11,6 +11,8 @@ import urllib.request
 import asyncpg
 import pytest
 
+from temporalio.api.sdk.v1 import WorkflowMetadata
+
 from certflow import cooldown
 from starter import CertflowClient
 from tests.e2e.conftest import Deployment
@@ -117,3 +119,53 @@ async def test_worker_logs_are_json_lines_without_key_material(
     assert failures[0]["error_code"] == "DNS_CNAME"
     assert failures[0]["workflow_id"] == f"certificate:{failing}"
     assert "has no CNAME" in failures[0]["error_message"]
+
+
+async def _visible(client: CertflowClient, query: str, timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        # Each issuance continues as new: count the running execution only.
+        running = f'({query}) AND ExecutionStatus="Running"'
+        ids = [w.id async for w in client.temporal.list_workflows(running)]
+        if ids or time.monotonic() > deadline:
+            return ids
+        await asyncio.sleep(0.3)
+
+
+async def test_search_attributes_find_the_right_workflows(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    issued = deployment.hostname("search-ok")
+    broken = deployment.bare_hostname("search-dns")
+    await client.request([issued], tenant_id="tenant-search")
+    await client.request([broken], tenant_id="tenant-search")
+    await client.wait([issued, broken], 60)
+
+    by_host = await _visible(client, f'CertificateHostname="{issued}"')
+    assert by_host == [f"certificate:{issued}"]
+    assert await _visible(
+        client, f'CertificateHostname="{issued}" AND CertificateStatus="ACTIVE"'
+    ) == [f"certificate:{issued}"]
+    assert await _visible(
+        client, f'CertificateHostname="{broken}" AND CertificateErrorCode="DNS_CNAME"'
+    ) == [f"certificate:{broken}"]
+    assert await _visible(
+        client, f'CertificateHostname="{broken}" AND CertificateStatus="PENDING"'
+    ) == [f"certificate:{broken}"]
+    tenant = set(await _visible(client, 'TenantId="tenant-search"'))
+    assert tenant == {f"certificate:{issued}", f"certificate:{broken}"}
+    expiring = await _visible(
+        client, f'CertificateHostname="{issued}" AND CertificateExpiresAt > "2026-01-01T00:00:00Z"'
+    )
+    assert expiring == [f"certificate:{issued}"]
+    # A query that must not match proves the filters filter.
+    assert await _visible(
+        client, f'CertificateHostname="{issued}" AND CertificateStatus="FAILED"', timeout=1
+    ) == []
+
+    # The workflow shows its state as current details in the UI (nothing secret).
+    metadata = await client.handle(broken).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    assert "PENDING" in metadata.current_details and "DNS_CNAME" in metadata.current_details
+    assert "PRIVATE KEY" not in metadata.current_details
