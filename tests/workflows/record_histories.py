@@ -1,0 +1,147 @@
+"""Record the Certificate workflow histories that test_replay.py replays.
+
+    .venv/bin/python -m tests.workflows.record_histories
+
+Runs four scenarios on real servers (Temporal dev server, embedded Postgres,
+Pebble, challtestsrv, a worker) and writes every run's history to
+tests/workflows/histories/<scenario>-<n>.json. Re-record only for a new
+scenario: the point of the checked-in files is that every later change to the
+workflow still replays them (patch with workflow.patched() where it would not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from certflow import devstack
+from certflow.settings import ClientSettings
+from starter import CertflowClient, CertificateStatusReport
+
+HISTORIES = Path(__file__).parent / "histories"
+TARGET = "edge.replay.test"
+MANAGED = "managed.replay.test"
+
+
+async def _until(
+    client: CertflowClient,
+    hostname: str,
+    predicate: Callable[[CertificateStatusReport], bool],
+    timeout: float = 90,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        report = await client.status(hostname)
+        if report is not None and predicate(report):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{hostname}: {report}")
+        await asyncio.sleep(0.2)
+
+
+def _settled(report: CertificateStatusReport) -> bool:
+    return report.status == "ACTIVE" and "renewal time" in (report.phase or "")
+
+
+async def _export(client: CertflowClient, hostname: str, scenario: str) -> None:
+    runs = [
+        w.run_id
+        async for w in client.temporal.list_workflows(f'WorkflowId="certificate:{hostname}"')
+    ]
+    for n, run_id in enumerate(reversed(runs), 1):  # oldest first
+        handle = client.temporal.get_workflow_handle(f"certificate:{hostname}", run_id=run_id)
+        history = await handle.fetch_history()
+        path = HISTORIES / f"{scenario}-{n}.json"
+        path.write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
+        print(f"wrote {path.name} ({len(history.events)} events)")
+
+
+async def _scenarios(client: CertflowClient, pebble: devstack.PebbleStack) -> None:
+    scenarios: dict[str, Callable[[str], Awaitable[None]]] = {}
+
+    async def happy_path(host: str) -> None:
+        pebble.set_cname(host, TARGET)
+        await client.request([host], tenant_id="tenant-replay")
+        await _until(client, host, _settled)
+
+    async def dns_wait(host: str) -> None:
+        await client.request([host])
+        await _until(client, host, lambda r: r.error_code == "DNS_CNAME")
+        pebble.set_cname(host, TARGET)
+        await _until(client, host, _settled)
+
+    async def failure_and_retry(host: str) -> None:
+        pebble.add_a(host, ["127.0.0.9"])  # nothing listens: validation fails
+        await client.request([host])
+        await _until(client, host, lambda r: r.status == "FAILED")
+        pebble.clear_a(host)
+        await client.retry(host)
+        await _until(client, host, _settled)
+
+    async def renewal(host: str) -> None:
+        pebble.set_cname(host, TARGET)
+        await client.request([host])
+        await _until(client, host, _settled)
+        await client.renew(host)
+        await _until(client, host, lambda r: _settled(r) and r.serial is not None)
+        await asyncio.sleep(1)
+
+    scenarios = {
+        "happy-path": happy_path,
+        "dns-wait": dns_wait,
+        "failure-and-retry": failure_and_retry,
+        "renewal": renewal,
+    }
+    for name, scenario in scenarios.items():
+        host = f"{name}.{MANAGED}" if name == "failure-and-retry" else f"{name}.replay.test"
+        await scenario(host)
+        await client.cancel(host)
+        await _export(client, host, name)
+
+
+async def _main(workdir: Path) -> None:
+    postgres = devstack.start_embedded_postgres(workdir / "postgres")
+    temporal = devstack.start_temporal(workdir / "temporal")
+    pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=0)
+    worker = None
+    try:
+        database_url = devstack.create_database(postgres.url, "certflow_replay")
+        env = devstack.certflow_environment(
+            pebble=pebble,
+            temporal_address=temporal.address,
+            database_url=database_url,
+            encryption_key=base64.b64encode(secrets.token_bytes(32)).decode(),
+            cname_target=TARGET,
+            extra={
+                "CERTFLOW_MANAGED_BASE_DOMAIN": MANAGED,
+                "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
+                "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
+                "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
+                "CERTFLOW_FAILED_RETRY_SECONDS": "0",
+                "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+            },
+        )
+        worker = devstack.start_worker(workdir / "worker", env)
+        client = await CertflowClient.connect(
+            ClientSettings(database_url=database_url, temporal_address=temporal.address)
+        )
+        try:
+            await _scenarios(client, pebble)
+        finally:
+            await client.close()
+    finally:
+        for server in (worker, pebble, temporal, postgres):
+            if server is not None:
+                server.stop()
+
+
+if __name__ == "__main__":
+    HISTORIES.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="certflow-histories-") as tmp:
+        asyncio.run(_main(Path(tmp)))

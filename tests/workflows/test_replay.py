@@ -1,0 +1,35 @@
+"""Every checked-in history of the Certificate workflow replays on today's code.
+
+The histories (tests/workflows/histories, recorded by record_histories.py on
+real servers) cover the happy path, a DNS wait, failures then FAILED then
+retry, and a renewal, each run of each. A change to the workflow that would
+make an old history take another path fails here: guard it with
+``workflow.patched()`` so running certificates keep their course.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from workflows.certificate import CertificateWorkflow
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+
+
+def test_the_scenarios_are_all_there() -> None:
+    names = {path.stem.rsplit("-", 1)[0] for path in HISTORIES}
+    assert names == {"happy-path", "dns-wait", "failure-and-retry", "renewal"}
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_history_replays(path: Path) -> None:
+    history = WorkflowHistory.from_json(f"certificate:{path.stem}", path.read_text())
+    replayer = Replayer(workflows=[CertificateWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
+    assert result.replay_failure is None
+    assert len(history.events) > 10
