@@ -138,6 +138,7 @@ class Stack:
         env = {
             **self.env,
             "CERTFLOW_HTTP01_LISTEN": f"{listen_host}:{self.http01_port}",
+            "CERTFLOW_METRICS_LISTEN": f"{listen_host}:{devstack.free_port()}",
             **(extra or {}),
         }
         if task_queue is not None:
@@ -182,6 +183,8 @@ def build_stack(
             extra={
                 **SHORT_POLICY,
                 "CERTFLOW_MANAGED_BASE_DOMAIN": MANAGED_BASE_DOMAIN,
+                "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+                "CERTFLOW_METRICS_REFRESH_SECONDS": "1",
                 **({"CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url} if proxy else {}),
                 **(extra or {}),
             },

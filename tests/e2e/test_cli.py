@@ -112,3 +112,18 @@ def test_demo_issues_three_certificates() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("ACTIVE") == 3
     assert "Temporal UI: http://127.0.0.1:" in result.stdout
+
+
+async def test_a_profile_the_ca_does_not_offer_stops_the_worker(deployment: Deployment) -> None:
+    # Pebble 2.4's directory lists no profiles, so any profile is one it does not offer.
+    env = {
+        **deployment.env,
+        "CERTFLOW_ACME_PROFILE": "tlsserver",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+    }
+    result = _run(["worker.py"], env, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "certflow: configuration error: CERTFLOW_ACME_PROFILE: the CA does not offer"
+        " profile 'tlsserver' (it offers: none)"
+    )

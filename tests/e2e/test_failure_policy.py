@@ -8,6 +8,7 @@ Each scenario prints the time to ACTIVE and what the proxy saw (run with -s).
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 import email.utils
 import re
 import time
@@ -153,6 +154,27 @@ async def test_429_retry_after_seconds_holds_new_orders_until_the_cooldown_ends(
         retry_during_cooldown=True,
     )
     assert elapsed >= 3.0
+
+
+async def test_rate_limit_shows_in_metrics(stack: Stack, fault_client: CertflowClient) -> None:
+    """The original's series, labelled as its dashboards expect, after a real 429."""
+    await _new_order_rate_limit(
+        stack, fault_client, "429 metrics", Fault.rate_limited("2"), until_bounds=(1.9, 2.1)
+    )
+    url = f"http://{stack.env['CERTFLOW_METRICS_LISTEN']}/metrics"
+    text = (await asyncio.to_thread(urllib.request.urlopen, url, None, 5)).read().decode()
+
+    def value(prefix: str) -> float:
+        found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)]
+        return sum(found)
+
+    assert value('certmanager_certificate_acme_errors_total{problem_type="ratelimited"') >= 1
+    assert value(
+        'certmanager_certificate_provision_steps_total{phase="create_order",result="rate_limited"'
+    ) >= 1
+    assert value('certmanager_certificate_provision_steps_total{phase="create_order",result="ok"') >= 1
+    assert value('certmanager_certificate_provision_steps_total{phase="issue_cert",result="ok"') >= 1
+    assert "certmanager_certificate_acme_cooldown{" in text
 
 
 async def test_429_retry_after_http_date(stack: Stack, fault_client: CertflowClient) -> None:
