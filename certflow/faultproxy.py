@@ -39,6 +39,23 @@ proxy.renewal_info_url`` and ``GET <renewal_info_url>/<certID>`` is answered by
 the proxy itself with that window and ``Retry-After``. Faults injected for
 :attr:`Endpoint.RENEWAL_INFO` come first, as for any endpoint. Without the
 opt-in nothing changes: the directory is relayed as Pebble sent it.
+
+Request hooks, opt in: a test that must act at an exact point of an exchange
+(e.g. kill the client right after the CA created an order) registers a
+callback per endpoint::
+
+    def created(request: Forwarded) -> None:
+        if request.status == 201: ...           # Pebble's answer, not yet relayed
+    remove = proxy.on_forwarded(Endpoint.NEW_ORDER, created)
+    ...
+    remove()
+
+The callback runs in the proxy's handler thread after Pebble answered a
+forwarded request and before that answer is relayed to the client, so a
+callback that blocks holds the answer back (and one that kills the client
+means the client never sees it). Injected faults and the proxy's own ARI
+answers are not forwarded, so they do not call hooks. An exception in a
+callback is logged and otherwise ignored. Without hooks nothing changes.
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ import socketserver
 import ssl
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,6 +87,7 @@ __all__ = [
     "Endpoint",
     "Fault",
     "FaultProxy",
+    "Forwarded",
     "classify_path",
     "start_fault_proxy",
 ]
@@ -202,6 +221,51 @@ def _whole_seconds_utc(moment: datetime.datetime, name: str) -> datetime.datetim
     return moment.astimezone(datetime.timezone.utc).replace(microsecond=0)
 
 
+@dataclass(frozen=True)
+class Forwarded:
+    """A request the proxy forwarded to Pebble and Pebble's answer, as given to
+    :meth:`FaultProxy.on_forwarded` callbacks (before the answer is relayed)."""
+
+    endpoint: Endpoint
+    method: str
+    path: str
+    """The request target as the client sent it (path and query)."""
+    request_body: bytes | None
+    status: int
+    """Pebble's HTTP status."""
+    response_headers: tuple[tuple[str, str], ...]
+    response_body: bytes
+    identifiers: frozenset[str]
+    """For :attr:`Endpoint.NEW_ORDER`: the identifier values asked for
+    (lower case, no trailing dot); empty otherwise."""
+
+    @property
+    def payload(self) -> bytes | None:
+        """The decoded JWS payload of a POST (``b""`` for POST-as-GET), else None."""
+        return _jws_payload(self.request_body)
+
+    def header(self, name: str) -> str | None:
+        """A response header (case-insensitive), or None."""
+        lowered = name.lower()
+        return next((v for k, v in self.response_headers if k.lower() == lowered), None)
+
+
+ForwardedCallback = Callable[[Forwarded], None]
+
+
+def _jws_payload(body: bytes | None) -> bytes | None:
+    """The payload of a flattened-JSON JWS, or None when body is not one."""
+    if not body:
+        return None
+    try:
+        encoded = json.loads(body)["payload"]
+        if not isinstance(encoded, str):
+            return None
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+
+
 def _new_order_identifiers(body: bytes | None) -> set[str]:
     """The identifier values a new-order JWS (flattened JSON) asks for."""
     if not body:
@@ -235,6 +299,7 @@ class _State:
         self.new_orders: collections.Counter[str] = collections.Counter()
         self.renewal_info: _RenewalInfo | None = None
         self.renewal_info_requests: list[str] = []
+        self.hooks: dict[Endpoint, list[ForwardedCallback]] = {}
 
     def receive(self, endpoint: Endpoint) -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
@@ -250,6 +315,10 @@ class _State:
         with self.lock:
             self.forwarded[endpoint] += 1
             self.new_orders.update(identifiers)
+
+    def hooks_for(self, endpoint: Endpoint) -> list[ForwardedCallback]:
+        with self.lock:
+            return list(self.hooks.get(endpoint, ()))
 
 
 # Headers that describe one connection, not the message (RFC 9110 section 7.6.1),
@@ -321,7 +390,37 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
             response = self._advertise_renewal_info(*response)
+        hooks = state.hooks_for(endpoint)
+        if hooks:
+            self._call_hooks(hooks, endpoint, body, response)
         self._relay(*response)
+
+    def _call_hooks(
+        self,
+        hooks: list[ForwardedCallback],
+        endpoint: Endpoint,
+        body: bytes | None,
+        response: tuple[int, str, list[tuple[str, str]], bytes],
+    ) -> None:
+        status, _, headers, data = response
+        identifiers = (
+            frozenset(_new_order_identifiers(body)) if endpoint is Endpoint.NEW_ORDER else frozenset()
+        )
+        request = Forwarded(
+            endpoint=endpoint,
+            method=self.command,
+            path=self.path,
+            request_body=body,
+            status=status,
+            response_headers=tuple(headers),
+            response_body=data,
+            identifiers=identifiers,
+        )
+        for hook in hooks:
+            try:
+                hook(request)
+            except Exception:  # a test's callback must never break the proxy
+                logger.exception("faultproxy on_forwarded callback for %s failed", endpoint)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle
 
@@ -667,6 +766,24 @@ class FaultProxy:
         with self._state.lock:
             self._state.renewal_info = info
         return info.start, info.end
+
+    # ------------------------------------------------------------------- hooks
+
+    def on_forwarded(self, endpoint: Endpoint, callback: ForwardedCallback) -> Callable[[], None]:
+        """Call ``callback(Forwarded)`` for every request to ``endpoint`` forwarded to
+        Pebble, in the proxy's handler thread, after Pebble answered and before the
+        answer is relayed (see the module docstring). Returns a function that
+        removes this registration."""
+        with self._state.lock:
+            self._state.hooks.setdefault(endpoint, []).append(callback)
+
+        def remove() -> None:
+            with self._state.lock:
+                callbacks = self._state.hooks.get(endpoint, [])
+                if callback in callbacks:
+                    callbacks.remove(callback)
+
+        return remove
 
     def stop_serving_renewal_info(self) -> None:
         """Relay the directory unchanged again and forward renewal-info paths to Pebble."""

@@ -123,7 +123,7 @@ async def test_a_profile_the_ca_does_not_offer_stops_the_worker(deployment: Depl
     }
     result = _run(["worker.py"], env, timeout=60)
     assert result.returncode == 2
-    assert result.stderr.strip() == (
+    assert result.stderr.strip().splitlines()[-1] == (
         "certflow: configuration error: CERTFLOW_ACME_PROFILE: the CA does not offer"
         " profile 'tlsserver' (it offers: none)"
     )
