@@ -211,7 +211,6 @@ async def ensure_account(
 ) -> AcmeAccount:
     """Load this directory's account key (generating and storing it, encrypted, the
     first time) and make sure the CA knows it. Safe when workers start together."""
-    import asyncio
 
     async with pool.acquire() as conn:
         async with conn.transaction():

@@ -581,7 +581,7 @@ class CertificateWorkflow:
                     self._record = record.model_copy(
                         update={"error_code": failure.code, "error_message": failure.message}
                     )
-                    return await self._end(f"canceled; not deleted: revocation failed")
+                    return await self._end("canceled; not deleted: revocation failed")
             await _run(_POSTGRES, "delete_certificate", record.certificate_id, bool)
             return await self._end("deleted")
         return await self._end("canceled")

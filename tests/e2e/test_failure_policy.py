@@ -37,7 +37,6 @@ from tests.e2e.fault_fixtures import (
     unique_label,
     wait_all_active,
     wait_for,
-    WorkerDidNotStart,
 )
 
 pytestmark = pytest.mark.e2e

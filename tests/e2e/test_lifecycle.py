@@ -42,7 +42,7 @@ from certflow.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.models import CertificateState
 from certflow.serving import SniCertificates
 from certflow.settings import ClientSettings
-from starter import ActionRejectedError, CertflowClient, CertificateStatusReport
+from starter import CertflowClient, CertificateStatusReport
 from tests.e2e.conftest import Deployment
 from workflows.policy import renewal_time
 
