@@ -13,6 +13,16 @@ log = logging.getLogger(__name__)
 MIGRATION_LOCK_ID = 0x6365727466_6C6F77 % (2**63)
 
 
+async def _keep_session(_: asyncpg.Connection) -> None:
+    """Return a connection to the pool as it is.
+
+    asyncpg's default reset runs four statements (CLOSE ALL, RESET ALL, UNLISTEN *,
+    pg_advisory_unlock_all) on every release, 4 of every 5 statements certflow
+    sent. certflow never leaves session state behind (no SET, LISTEN, cursors;
+    the one session advisory lock, in migrate(), is released explicitly).
+    """
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A pool whose connections are checked before use, so a restarted Postgres is survived."""
     pool = await asyncpg.create_pool(
@@ -21,6 +31,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
         max_size=max_size,
         command_timeout=30,
         max_inactive_connection_lifetime=300,
+        reset=_keep_session,
     )
     assert pool is not None
     return pool
