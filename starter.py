@@ -87,6 +87,9 @@ class CertificateStatusReport:
         }
 
 
+START_CONCURRENCY = 16
+
+
 class ActionRejectedError(Exception):
     """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
 
@@ -122,18 +125,24 @@ class CertflowClient:
     ) -> list[str]:
         """Validate every hostname first (one bad name writes nothing), then upsert
         each row and start its workflow, or find the one already running."""
-        normalized = [normalize_hostname(h) for h in hostnames]
-        for hostname in dict.fromkeys(normalized):
-            await certificates.request_certificate(self.pool, hostname, tenant_id)
-            await self.temporal.start_workflow(
-                WORKFLOW_TYPE,
-                CertificateInput(hostname=hostname, tenant_id=tenant_id),
-                id=workflow_id_for(hostname),
-                task_queue=self.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            )
-        return list(dict.fromkeys(normalized))
+        unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+        await certificates.request_certificates(self.pool, unique, tenant_id)
+        # Starts are independent round trips to Temporal: a few at a time.
+        slots = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def start(hostname: str) -> None:
+            async with slots:
+                await self.temporal.start_workflow(
+                    WORKFLOW_TYPE,
+                    CertificateInput(hostname=hostname, tenant_id=tenant_id),
+                    id=workflow_id_for(hostname),
+                    task_queue=self.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                )
+
+        await asyncio.gather(*(start(h) for h in unique))
+        return unique
 
     def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id_for(hostname))

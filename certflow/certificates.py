@@ -6,6 +6,7 @@ after its commit (or racing a cancel) finds the row moved on and does nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -211,18 +212,22 @@ async def challenge_key_authorization(pool: asyncpg.Pool, token: str, hostname: 
     return str(value) if value is not None else None
 
 
-async def request_certificate(pool: asyncpg.Pool, hostname: str, tenant_id: str | None) -> None:
-    """Upsert the row a product asks for; a canceled one is requested again."""
+async def request_certificates(
+    pool: asyncpg.Pool, hostnames: Sequence[str], tenant_id: str | None
+) -> None:
+    """Upsert the rows a product asks for, in one statement; a canceled one is
+    requested again."""
     await pool.execute(
         """
-        INSERT INTO certificates (hostname, tenant_id) VALUES ($1, $2)
+        INSERT INTO certificates (hostname, tenant_id)
+        SELECT h, $2 FROM unnest($1::text[]) AS h
         ON CONFLICT (hostname) DO UPDATE SET
             tenant_id = coalesce(EXCLUDED.tenant_id, certificates.tenant_id),
             status = CASE WHEN certificates.status = 'CANCELED' THEN 'PENDING'
                           ELSE certificates.status END,
             updated_at = now()
         """,
-        hostname,
+        list(hostnames),
         tenant_id,
     )
 
