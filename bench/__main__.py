@@ -1,0 +1,166 @@
+"""``python -m bench``: certflow against bare ``acme`` baselines on real local servers.
+
+    python -m bench --quick                       # sizes 1,10, short baseline trials
+    python -m bench --sizes 1,50,500 --idle 5000  # the full run
+
+Starts Pebble (VA no-sleep, no nonce rejection) with challtestsrv and Postgres
+(``DATABASE_URL`` or embedded, with pg_stat_statements when it can be loaded)
+once; each certflow phase gets its own Temporal dev server, database and worker.
+The baselines run first, while nothing else holds Pebble's HTTP-01 port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import baselines, report
+from bench.certflow_run import run_size
+from bench.idle import run_idle
+from bench.pgstats import PgStats
+from bench.snapshot import code_version, snapshot
+from bench.stack import Stack, start_stack
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=_ints, help="certflow batch sizes N (default 1,50,500)")
+    parser.add_argument("--quick", action="store_true", help="short run: sizes 1,10, 5 s baseline trials")
+    parser.add_argument("--idle", type=int, default=0, metavar="COUNT", help="idle phase with COUNT parked certificates")
+    parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle measurement window (default 60)")
+    parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
+    parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
+    parser.add_argument("--repeats", type=int, help="sequential single requests at N=1 (default 7; quick 3)")
+    parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--precompile", action="store_true",
+        help="write .pyc for the code snapshot the workers run (A/B for the bytecode finding)",
+    )
+    parser.add_argument(
+        "--quiet-wait", type=float, default=300.0, metavar="SECONDS",
+        help="before each phase wait up to this long for other processes to leave the CPU (default 300; 0: don't)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
+    parser.add_argument("--workdir", type=Path, help="server logs and data (default: a temp dir, removed)")
+    parser.add_argument("--keep", action="store_true", help="keep the workdir (logs) and databases")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.sizes = args.sizes or ([1, 10] if quick else [1, 50, 500])
+    args.threads = args.threads or ([1, 4, 16] if quick else [1, 4, 16, 32])
+    args.baseline_seconds = args.baseline_seconds or (5.0 if quick else 12.0)
+    args.repeats = args.repeats or (3 if quick else 7)
+    return args
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_baselines(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
+    account = baselines.register_account(stack.pebble.directory_url, stack.pebble.ca_bundle)
+    found: dict[str, Any] = {}
+    with baselines.ChallengeServer(stack.pebble.http01_port) as server:
+        for mode in ("plain", "floor"):
+            log(f"baseline {mode}: {args.baseline_seconds:g} s per thread count {args.threads}")
+            found[mode] = baselines.sweep(
+                mode, account, args.threads, args.baseline_seconds, server.answers, log
+            )
+    return found
+
+
+async def run_certflow(stack: Stack, args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    pg = await PgStats.connect(stack.stats_url, stack.statements)
+    try:
+        sizes: dict[str, Any] = {}
+        for n in args.sizes:
+            await asyncio.to_thread(stack.wait_machine_quiet, f"certflow N={n}")
+            log(f"certflow N={n}")
+            started = time.monotonic()
+            sizes[str(n)] = await run_size(stack, pg, n, workdir / f"n{n}", args.repeats, log)
+            sizes[str(n)]["phase_seconds"] = round(time.monotonic() - started, 1)
+        idle = None
+        if args.idle:
+            await asyncio.to_thread(stack.wait_machine_quiet, "idle")
+            log(f"idle: {args.idle} certificates, {args.idle_seconds:g} s window")
+            started = time.monotonic()
+            idle = await run_idle(stack, pg, args.idle, args.idle_seconds, workdir / "idle", log)
+            idle["phase_seconds"] = round(time.monotonic() - started, 1)
+        return sizes, idle
+    finally:
+        await pg.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
+    began = time.monotonic()
+    code_at_start = code_version()
+    log(f"bench: servers starting (workdir {workdir})")
+    stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
+    counting = "pg_stat_statements" if stack.statements else "pg_stat_database (pg_stat_statements unavailable)"
+    log(f"bench: Postgres {stack.postgres_source}, counting with {counting}; Pebble {stack.pebble.directory_url}")
+    try:
+        if not args.skip_baselines:
+            stack.wait_machine_quiet("baselines")
+        found_baselines = {} if args.skip_baselines else run_baselines(stack, args)
+        sizes, idle = asyncio.run(run_certflow(stack, args, workdir))
+    finally:
+        stack.stop(drop_databases=not args.keep)
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result: dict[str, Any] = {
+        "meta": {
+            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "total_seconds": round(time.monotonic() - began, 1),
+            "code_at_start": code_at_start,
+            "code_at_end": code_version(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "postgres": stack.postgres_source,
+            "machine_quiet_waits": stack.quiet_waits,
+            "pg_counting": counting,
+            "pebble": "PEBBLE_VA_NOSLEEP=1, PEBBLE_WFE_NONCEREJECT=0, default authz reuse; EC P-256 keys everywhere",
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "notes": [
+                "time to ACTIVE: the row's updated_at at the ACTIVE transition minus the time just before "
+                "CertflowClient.request (all N hostnames in one call); time_from_row_insert: minus the row's insert",
+                "N=1: p50/p95 over sequential single requests after one warm-up certificate",
+                "latency ratios use the baseline's 1-thread p50; throughput ratios its best thread count",
+                "CPU percentages are of one core (this machine has 2)",
+                "issuance phases run with the reconcile schedule off; the idle phase with product defaults",
+            ],
+        },
+        "baselines": found_baselines,
+        "certflow": sizes,
+        "idle": idle,
+    }
+    result["ratios"] = report.ratios(found_baselines, sizes)
+    result["targets"] = report.targets(found_baselines, sizes, idle)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    log("")
+    log(report.table(result))
+    for warning in report.warnings(result):
+        log(f"WARNING: {warning}")
+    log(f"\nresults: {args.out}  (total {result['meta']['total_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
