@@ -235,8 +235,16 @@ class AcmeActivities:
             )
         except messages.Error:
             # Pebble answers `malformed` to a second accept; only the status tells.
-            status = self._post_as_get(client, challenge_url).body.get("status")
-            if status not in ("processing", "valid"):
+            challenge = self._post_as_get(client, challenge_url).body
+            if challenge.get("status") == "invalid":
+                detail = str((challenge.get("error") or {}).get("detail") or "challenge invalid")
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_INVALID_ORDER,
+                    message=f"the CA could not validate the domain: {detail}",
+                    problem_type=str((challenge.get("error") or {}).get("type") or ""),
+                    detail=detail,
+                ) from None
+            if challenge.get("status") not in ("processing", "valid"):
                 raise
 
     # -- wait_for_order ----------------------------------------------------
