@@ -654,11 +654,6 @@ BUG_1 = (
     " create_order attempt, activities/acme_orders.py _open_order) fails the attempt after the"
     " CA created the order; the activity retry opens a second order"
 )
-BUG_2 = (
-    "BUG-2: re-accepting a challenge the CA already invalidated is classified ACME_TEMPORARY"
-    " (activities/acme_orders.py _accept re-raises `malformed`), so it is retried 4 times,"
-    " charged to the failure budget and the dead order kept, instead of ACME_INVALID_ORDER"
-)
 
 
 async def _connect(stack: ChaosStack) -> CertflowClient:
@@ -722,7 +717,8 @@ async def test_reaccepting_an_invalidated_challenge_is_an_invalid_order(
     """The worker dies right after the CA accepted the challenge; the CA's validation
     fails meanwhile (nothing answers at the hostname's address). After the restart the
     retried accept finds the challenge invalid: that is the CA's verdict on the order
-    (SPEC §4 ACME_INVALID_ORDER, one failure, new order), not a temporary error."""
+    (SPEC §4 ACME_INVALID_ORDER, one failure, new order), not a temporary error.
+    (BUG-2, fixed in a74fd76: it was ACME_TEMPORARY, retried 4 times and charged twice.)"""
     stack = chaos_stack
     stack.proxy.clear()
     hostname = f"bug2-{uuid.uuid4().hex[:6]}.{MANAGED_BASE_DOMAIN}"
