@@ -6,9 +6,9 @@ COPY certflow certflow
 COPY workflows workflows
 COPY activities activities
 COPY worker.py starter.py ./
-RUN pip install --no-cache-dir . && python -m compileall -q /app
 # Workflow runs are re-imported into a sandbox each time: ship bytecode (the
 # image runs as nobody, which could not write it).
+RUN pip install --no-cache-dir . && python -m compileall -q /app
 USER nobody
 EXPOSE 5002
 CMD ["python", "-m", "worker"]
