@@ -299,6 +299,10 @@ def _print_table(reports: Sequence[CertificateStatusReport | None], hostnames: S
 
 
 async def _cli(args: argparse.Namespace) -> int:
+    # Bad hostnames are refused before anything connects anywhere.
+    for hostname in [*getattr(args, "hostnames", []), getattr(args, "hostname", None)]:
+        if hostname is not None:
+            normalize_hostname(hostname)
     settings = load_settings(ClientSettings)
     if args.command == "migrate":
         pool = await create_pool(settings.database_url, max_size=1)
