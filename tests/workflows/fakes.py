@@ -530,7 +530,7 @@ class Run:
         what: str,
         *,
         advance: float | timedelta | None = None,
-        timeout: float = 20,
+        timeout: float = 60,
     ) -> CertificateState:
         """Poll the status query until predicate holds.
 
@@ -557,7 +557,7 @@ class Run:
         count: int,
         *,
         advance: float | timedelta | None = None,
-        timeout: float = 20,
+        timeout: float = 60,
     ) -> list[Call]:
         """Wait until `name` was called `count` times (skipping `advance` between checks)."""
         loop = asyncio.get_running_loop()
@@ -593,7 +593,7 @@ class Run:
         *,
         serial_count: int | None = None,
         advance: float | timedelta | None = None,
-        timeout: float = 20,
+        timeout: float = 60,
     ) -> CertificateState:
         """Wait for ACTIVE on the renewal timer (optionally after `serial_count` issuances).
 

@@ -138,7 +138,7 @@ async def test_order_polling_waits_on_durable_timers(
 
     fakes = Fakes(workflow_env, behaviours={"wait_for_order": pending_twice})
     async with started(workflow_env, fakes) as run:
-        await run.until_active(advance=0.5)
+        await run.until_active(advance=2)  # timers fire on time whatever the step
         polls = fakes.of("wait_for_order")
         assert len(polls) == 3
         gaps = seconds_between(polls)
