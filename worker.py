@@ -104,6 +104,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 records.persist_challenge,
                 records.record_failure,
                 records.reopen_failed,
+                records.load_certificate,
                 records.begin_renewal,
                 records.mark_expired,
                 records.cancel_certificate,

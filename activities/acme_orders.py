@@ -60,6 +60,7 @@ FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
 REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
+AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
 ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
 
 
@@ -199,9 +200,7 @@ class AcmeActivities:
         order = messages.Order.from_json(response.json())
         order_url = response.headers["Location"]
         authorization_url = order.authorizations[0]
-        authz = messages.Authorization.from_json(
-            self._post_as_get(client, authorization_url).body
-        )
+        authz = self._fetch_authorization(client, authorization_url)
         for challb in authz.challenges:
             if isinstance(challb.chall, challenges.HTTP01):
                 token = challb.chall.encode("token")
@@ -216,6 +215,28 @@ class AcmeActivities:
             code=ErrorCode.ACME_TEMPORARY,
             message=f"the CA offered no http-01 challenge for {hostname}",
         )
+
+    def _fetch_authorization(
+        self, client: acme_client.ClientV2, authorization_url: str
+    ) -> messages.Authorization:
+        """The CA created the order when new-order answered, and orders are not
+        idempotent (SPEC §7): a short fault fetching its authorization is retried
+        here, because a retry of the whole activity would open a second order."""
+        deadline = time.monotonic() + AUTHZ_FETCH_BUDGET
+        delay = FAST_POLL_MAX
+        while True:
+            try:
+                authorization: messages.Authorization = messages.Authorization.from_json(
+                    self._post_as_get(client, authorization_url).body
+                )
+                return authorization
+            except Exception as exc:
+                err = classify_acme_failure(exc)
+                wait = max(delay, err.retry_after_seconds or 0.0)
+                if err.code is ErrorCode.ACME_INVALID_ORDER or time.monotonic() + wait > deadline:
+                    raise
+            time.sleep(wait)  # on the executor thread, like the exchange itself
+            delay = min(delay * 2, 2.0)
 
     # -- accept_challenge --------------------------------------------------
 

@@ -48,6 +48,11 @@ class RecordActivities:
             self._pool, input.certificate_id, input.outcome, input.message
         )
 
+    @activity.defn(name="load_certificate")
+    async def load_certificate(self, certificate_id: str) -> CertificateRecord:
+        """The row as it now is (CERTIFICATE_GONE when it was deleted)."""
+        return await self._load(certificate_id)
+
     @activity.defn(name="reopen_failed")
     async def reopen_failed(self, certificate_id: str) -> CertificateRecord:
         """Give a FAILED certificate a fresh budget; returns the row as it now is."""

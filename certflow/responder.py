@@ -15,8 +15,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
+import asyncio
+
 import asyncpg
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from certflow import certificates
 
@@ -30,6 +34,9 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _HOST = re.compile(r"[a-z0-9.-]{1,253}")
 CACHE_SECONDS = 2.0
 CACHE_ENTRIES = 10_000
+# A CA sends its whole request at once; a client still sending after this long is
+# holding a socket, not validating a domain.
+REQUEST_RECEIPT_SECONDS = 10.0
 
 
 def _request_host(scope: Scope) -> str | None:
@@ -115,6 +122,61 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
+class _GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with two guards it lacks.
+
+    A request must arrive whole within ``REQUEST_RECEIPT_SECONDS`` of its first
+    byte (or of the connection): uvicorn only times out idle keep-alive
+    connections, so a client that never finishes its request line, headers or
+    body (slowloris) would hold the worker's socket for ever. And when uvicorn
+    answers a malformed body with its own 400, the application's response to
+    that request is dropped instead of failing inside h11 with a traceback.
+    """
+
+    _receipt_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._watch_receipt()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_receipt()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_receipt_deadline()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        if self.cycle is not None:
+            self.cycle.disconnected = True  # the application's response has nowhere to go
+            if self.cycle.response_started:
+                self.transport.close()  # h11 cannot start a second response
+                return
+        super().send_400_response(msg)
+
+    def _watch_receipt(self) -> None:
+        receiving = self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+        idle_between_requests = self.timeout_keep_alive_task is not None
+        if receiving and not idle_between_requests and not self.transport.is_closing():
+            if self._receipt_deadline is None:
+                self._receipt_deadline = self.loop.call_later(
+                    REQUEST_RECEIPT_SECONDS, self._receipt_overdue
+                )
+        else:
+            self._stop_receipt_deadline()
+
+    def _stop_receipt_deadline(self) -> None:
+        if self._receipt_deadline is not None:
+            self._receipt_deadline.cancel()
+            self._receipt_deadline = None
+
+    def _receipt_overdue(self) -> None:
+        self._receipt_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handling: the hosting process owns signals."""
 
@@ -146,6 +208,7 @@ def responder_server(app: ChallengeResponder, host: str, port: int) -> uvicorn.S
         host=host,
         port=port,
         lifespan="off",
+        http=_GuardedH11Protocol,
         access_log=False,
         log_config=None,  # the host process's logging (JSON lines) applies
         log_level="warning",

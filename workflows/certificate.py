@@ -61,6 +61,10 @@ with workflow.unsafe.imports_passed_through():
 
 T = TypeVar("T")
 
+# Patches (workflow.patched): each keeps the histories of older runs replaying.
+FOLLOW_MOVED_ROW_PATCH = "follow-moved-row"
+"""A failure that finds the row moved on re-reads the row instead of ending the workflow."""
+
 _NOT_RETRYABLE = [str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY]
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ _SUMMARIES = {
     "wait_for_order": "polling the order",
     "finalize_and_store": "finalizing and storing the certificate",
     "record_failure": "recording the failure",
+    "load_certificate": "re-reading the certificate row",
     "renewal_info": "asking the CA when to renew (ARI)",
     "cooldown_remaining": "checking the CA rate-limit cooldown",
 }
@@ -229,7 +234,11 @@ class CertificateWorkflow:
             except _AttemptFailed as failure:
                 dns_failures = dns_failures + 1 if failure.code in DNS_CODES else 0
                 if not await self._record_failure(failure, policy):
-                    return await self._end("the certificate row moved on")
+                    if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
+                        return await self._end("the certificate row moved on")
+                    if not await self._follow_moved_row(renewal):
+                        return await self._end("the certificate row is gone")
+                    continue
                 await self._wait_after(failure, policy, dns_failures)
                 continue
             self._record = self._record.model_copy(
@@ -374,6 +383,22 @@ class CertificateWorkflow:
         if applied and outcome.status is CertificateStatus.FAILED:
             await self._notify("failed")
         return applied
+
+    async def _follow_moved_row(self, renewal: bool) -> bool:
+        """The row left the attempt's status without this run, most often because an
+        earlier try of finalize_and_store stored the certificate and its result was
+        lost: carry on from the row as it is. False when it was deleted."""
+        record = self._record
+        assert record is not None
+        try:
+            reread = await _run(_POSTGRES, "load_certificate", record.certificate_id, CertificateRecord)
+        except ActivityError:
+            return False
+        self._record = reread
+        if reread.status is CertificateStatus.ACTIVE:
+            self._phase = "issued"
+            await self._notify("renewed" if renewal else "issued")
+        return True
 
     async def _wait_after(
         self, failure: _AttemptFailed, policy: ProvisioningPolicy, dns_failures: int

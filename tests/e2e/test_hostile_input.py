@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from certflow import certificates
 from certflow.hostnames import InvalidHostnameError
 from certflow.models import OpenedOrder
+from certflow.responder import REQUEST_RECEIPT_SECONDS
 from certflow.schedules import reconcile_schedule_id
 from starter import CertflowClient
 from tests.e2e.conftest import Deployment
@@ -132,14 +133,6 @@ BAD_HOSTNAMES: list[tuple[str, str | bytes]] = [
 assert len(BAD_HOSTNAMES) >= 50
 assert len({name for name, _ in BAD_HOSTNAMES}) == len(BAD_HOSTNAMES)
 
-BUG_3 = (
-    "BUG-3: `starter.py request BAD` sometimes aborts with SIGABRT ('Fatal Python error:"
-    " PyGILState_Release ... finalizing') after printing its message: the InvalidHostnameError"
-    " traceback keeps the Temporal client (connected before validation, starter.py _cli) alive"
-    " in a reference cycle until interpreter finalization (temporalio/sdk-python#300)"
-)
-_ABORT_SIGNATURE = "Fatal Python error: PyGILState_Release: thread state"
-
 
 def _client_env(deployment: Deployment) -> dict[str, str]:
     keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
@@ -212,15 +205,12 @@ async def test_cli_rejects_every_bad_hostname_writing_nothing(
     good = deployment.bare_hostname("hostile-good")
     mixed = _run_request([good, "bad..name.example.com", "also-" + good], env)
 
-    failures, aborted = [], []
+    failures = []
     for (name, value), result in [*zip(BAD_HOSTNAMES, results), (("mixed", "mixed"), mixed)]:
         err = result.stderr.decode("utf-8", "backslashreplace")
         lines = err.splitlines()
         problems = []
-        if result.returncode == -6 and len(lines) > 1 and lines[1].startswith(_ABORT_SIGNATURE):
-            aborted.append(name)  # BUG-3 (see test_cli_exits_cleanly_after_rejecting): the
-            lines = lines[:1]  # message was printed, then the interpreter aborted at exit
-        elif result.returncode != 2:
+        if result.returncode != 2:
             problems.append(f"exit {result.returncode}")
         if len(lines) != 1:
             problems.append(f"{len(lines)} lines on stderr")
@@ -233,8 +223,6 @@ async def test_cli_rejects_every_bad_hostname_writing_nothing(
         if problems:
             failures.append(f"{name}: {', '.join(problems)}; stderr: {err[-400:]!r}")
     assert not failures, "\n".join(failures)
-    if aborted:
-        print(f"\nBUG-3: {len(aborted)} of {len(results) + 1} runs aborted at exit: {aborted}")
 
     # Nothing written, nothing started.
     hostnames_after = {r["h"] for r in await db.fetch("SELECT hostname::text AS h FROM certificates")}
@@ -261,8 +249,9 @@ async def test_cli_rejects_every_bad_hostname_writing_nothing(
 
 
 def test_cli_exits_cleanly_after_rejecting(deployment: Deployment) -> None:
-    """Exit code 2 every time, never an interpreter abort. Runs the rejection until the
-    first abort (it used to come within a few dozen runs, 4 at a time), 100 times."""
+    """Exit code 2 every time, never an interpreter abort (BUG-3, fixed in 2e9b65c: the
+    CLI now refuses bad hostnames before connecting; the abort used to come within a few
+    dozen runs, 4 at a time). 100 runs."""
     env = _client_env(deployment)
     argv = [sys.executable, "starter.py", "request", "bad..name.example.com"]
 
@@ -429,7 +418,7 @@ def _responder_cases(p: Planted) -> Iterator[tuple[str, bytes, str]]:
     yield "method with NUL", _get(path, p.hostname, method=b"GE\x00T"), "refused"
     yield "lower-case method", _get(path, p.hostname, method=b"get"), "405|refused"
     # malformed HTTP and garbage
-    # Garbage that ends like a request head (else the server waits for more: BUG-4).
+    # Garbage that ends like a request head (else the receipt deadline closes it: BUG-4).
     yield "random bytes", secrets.token_bytes(4096) + b"\r\n\r\n", "refused"
     yield "nul bytes", b"\x00" * 1024, "refused"
     yield "tls client hello", bytes.fromhex("16030100a5010000a10303") + secrets.token_bytes(160), "refused"
@@ -444,8 +433,8 @@ def _responder_cases(p: Planted) -> Iterator[tuple[str, bytes, str]]:
     yield "bad content-length", _get(path, p.hostname, method=b"POST", extra=b"Content-Length: -1\r\n"), "refused"
     yield "content-length and chunked", _get(path, p.hostname, method=b"POST", extra=b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n") + b"zzzz", "405|refused"
     yield "body shorter than content-length + garbage", _get(path, p.hostname, method=b"POST", extra=b"Content-Length: 2\r\n") + b"abGARBAGE\r\n\r\n", "405|refused"
-    # A malformed chunked body: see test_malformed_bodies_log_no_errors (BUG-5).
-    # Requests cut off half-way: see test_responder_closes_stalled_connections (BUG-4).
+    # A malformed chunked body: see test_malformed_bodies_log_no_errors (BUG-5, fixed).
+    # Requests cut off half-way: see test_responder_closes_stalled_connections (BUG-4, fixed).
     yield "only CRLFs", b"\r\n" * 1000, "refused"
 
 
@@ -524,17 +513,13 @@ async def test_responder_shrugs_off_malformed_requests(deployment: Deployment, p
     assert not problems, "the responder logged errors:\n" + "\n".join(problems[:20])
 
 
-BUG_4 = (
-    "BUG-4: the HTTP-01 responder never closes a connection whose request never completes"
-    " (cut-off request line or headers, or nothing sent): uvicorn has no request-receipt"
-    " timeout (timeout_keep_alive only runs between requests), so a slowloris client holds"
-    " sockets/file descriptors of the worker process indefinitely (certflow/responder.py"
-    " responder_server)"
-)
-STALL_LIMIT_S = 15.0  # three times uvicorn's 5 s keep-alive timeout
+# BUG-4 (fixed): uvicorn has no request-receipt timeout (timeout_keep_alive only runs
+# between requests), so a slowloris client held the worker's sockets for ever; the
+# responder's protocol now closes a request not received whole in
+# REQUEST_RECEIPT_SECONDS (certflow/responder.py _GuardedH11Protocol).
+STALL_LIMIT_S = REQUEST_RECEIPT_SECONDS + 5.0
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_4)
 def test_responder_closes_stalled_connections(deployment: Deployment, planted: Planted) -> None:
     port = deployment.pebble.http01_port
     stalls = {
@@ -572,15 +557,11 @@ def test_responder_closes_stalled_connections(deployment: Deployment, planted: P
     assert not still_open, f"still open after {STALL_LIMIT_S:.0f}s: {still_open}"
 
 
-BUG_5 = (
-    "BUG-5: a request with valid headers and a malformed chunked body logs 'Exception in ASGI"
-    " application' at error level with a traceback, every time: uvicorn answers 400 itself,"
-    " then the responder's own 404/405 send raises h11 LocalProtocolError"
-    " (certflow/responder.py _respond does not tolerate a response the server already gave)"
-)
+# BUG-5 (fixed): a request with valid headers and a malformed chunked body logged
+# 'Exception in ASGI application' with a traceback every time: uvicorn answers 400
+# itself, then the responder's own 404/405 failed inside h11.
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_5)
 async def test_malformed_bodies_log_no_errors(deployment: Deployment, planted: Planted) -> None:
     port = deployment.pebble.http01_port
     path = f"/.well-known/acme-challenge/{planted.token}"

@@ -48,7 +48,8 @@ async def _issue(deployment: Deployment, client: CertflowClient, label: str) -> 
     hostname = deployment.hostname(label)
     await client.request([hostname])
     reports = await client.wait([hostname], 60)
-    assert reports[hostname] and reports[hostname].status == "ACTIVE"
+    report = reports[hostname]
+    assert report is not None and report.status == "ACTIVE"
     return hostname
 
 

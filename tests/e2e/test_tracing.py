@@ -41,8 +41,11 @@ def tracer_provider() -> None:
 
 
 def _spans(name: str) -> list[dict[str, object]]:
-    return [dict(s.attributes or {}) | {"_status": s.status.status_code.name}
-            for s in EXPORTER.get_finished_spans() if s.name == name]
+    spans: list[dict[str, object]] = []
+    for span in EXPORTER.get_finished_spans():
+        if span.name == name:
+            spans.append({**(span.attributes or {}), "_status": span.status.status_code.name})
+    return spans
 
 
 async def test_step_spans_carry_hostname_certificate_and_error_data(

@@ -16,9 +16,9 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
 def _problem(typ: str, status: int, retry_after: str | None = None) -> messages.Error:
-    err = messages.Error.from_json({"type": typ, "detail": "d", "status": status})
-    err.http_status = status  # type: ignore[attr-defined]
-    err.retry_after = retry_after  # type: ignore[attr-defined]
+    err: messages.Error = messages.Error.from_json({"type": typ, "detail": "d", "status": status})
+    err.http_status = status
+    err.retry_after = retry_after
     return err
 
 

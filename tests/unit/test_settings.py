@@ -30,7 +30,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_defaults_and_normalization(env: pytest.MonkeyPatch) -> None:
-    settings = load_settings()
+    settings = load_settings(Settings)
     assert settings.temporal_address == "localhost:7233"
     assert settings.temporal_namespace == "default"
     assert settings.task_queue == "certflow"
@@ -96,6 +96,6 @@ def test_client_settings_need_only_the_database(env: pytest.MonkeyPatch) -> None
 def test_policy_from_settings(env: pytest.MonkeyPatch) -> None:
     env.setenv("CERTFLOW_DNS_RECHECK_INITIAL_SECONDS", "5")
     env.setenv("CERTFLOW_FAILED_RETRY_SECONDS", "0")
-    policy = load_settings().provisioning_policy()
+    policy = load_settings(Settings).provisioning_policy()
     assert policy.dns_recheck_initial_seconds == 5
     assert policy.failed_retry_seconds == 0

@@ -20,7 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 
-def _test_server_path() -> str:
+def find_test_server() -> str:
     candidates = [shutil.which("temporal-test-server"), str(Path(sys.executable).parent / "temporal-test-server")]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
@@ -42,7 +42,7 @@ async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
     (they don't: pytest-asyncio runs them one after another).
     """
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=_test_server_path(),
+        test_server_existing_path=find_test_server(),
         data_converter=pydantic_data_converter,
     )
     try:

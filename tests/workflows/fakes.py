@@ -404,6 +404,15 @@ class Fakes:
                 row.retry_count = 0
             return row.record()
 
+        @activity.defn(name="load_certificate")
+        async def load_certificate(certificate_id: str) -> CertificateRecord:
+            result, _ = await self._enter("load_certificate", certificate_id)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            if row.deleted:
+                raise self._gone()
+            return row.record()
+
         @activity.defn(name="begin_renewal")
         async def begin_renewal(certificate_id: str) -> bool:
             result, _ = await self._enter("begin_renewal", certificate_id)
@@ -480,6 +489,7 @@ class Fakes:
             finalize_and_store,
             record_failure,
             reopen_failed,
+            load_certificate,
             begin_renewal,
             mark_expired,
             renewal_info,

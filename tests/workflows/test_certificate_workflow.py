@@ -6,7 +6,7 @@ See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
@@ -394,3 +394,57 @@ async def test_an_unexpected_exception_counts_as_one_temporary_failure_after_ret
         assert "resolver exploded" in failure.arg.message
         await run.cancel()
 
+
+
+# -- the row moved on without the workflow (a store whose result was lost) ------------------
+
+
+def stored_but_result_lost(fakes: Fakes) -> Callable[[int, FinalizeInput], Awaitable[None]]:
+    """finalize_and_store commits the certificate, then the worker dies before
+    Temporal hears of it and every retry fails (Postgres away): the row is ACTIVE
+    while the workflow sees one failed attempt."""
+
+    async def behaviour(_: int, __: FinalizeInput) -> None:
+        now = await fakes.env.get_current_time()
+        row = fakes.row
+        row.status = CertificateStatus.ACTIVE
+        row.serial = "stored"
+        row.not_before, row.expires_at = now, now + fakes.lifetime
+        row.clear_order()
+        raise acme_temporary_error()
+
+    return behaviour
+
+
+async def test_a_row_stored_by_a_lost_attempt_keeps_the_workflow(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """BUG-6: record_failure finds the row ACTIVE and skips it; the workflow re-reads
+    the row and waits for the renewal of the certificate it holds (it used to end)."""
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["finalize_and_store"] = stored_but_result_lost(fakes)
+    async with started(workflow_env, fakes) as run:
+        state = await run.until_active()
+        assert state.expires_at == fakes.row.expires_at
+        assert fakes.names() == [*HAPPY_STEPS, "record_failure", "load_certificate", "renewal_info"]
+        assert fakes.of("load_certificate")[0].arg == CERT_ID
+        assert len(fakes.of("create_order")) == 1
+        # Renewal still happens on time, from the certificate the row holds.
+        assert (await run.state()).next_attempt_at is not None
+        await run.cancel()
+
+
+async def test_a_row_deleted_during_an_attempt_ends_the_workflow(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(workflow_env)
+
+    async def deleted(_: int, __: FinalizeInput) -> None:
+        fakes.row.deleted = True
+        raise acme_temporary_error()
+
+    fakes.behaviours["finalize_and_store"] = deleted
+    async with started(workflow_env, fakes) as run:
+        result = await run.result()
+    assert result.phase == "the certificate row is gone"
+    assert fakes.names()[-2:] == ["record_failure", "load_certificate"]

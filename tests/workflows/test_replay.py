@@ -2,7 +2,8 @@
 
 The histories (tests/workflows/histories, recorded by record_histories.py on
 real servers) cover the happy path, a DNS wait, failures then FAILED then
-retry, and a renewal, each run of each. A change to the workflow that would
+retry, and a renewal, each run of each. Those of record_patch_histories.py
+show each patched path before and after its patch. A change to the workflow that would
 make an old history take another path fails here: guard it with
 ``workflow.patched()`` so running certificates keep their course.
 """
@@ -23,7 +24,15 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 def test_the_scenarios_are_all_there() -> None:
     names = {path.stem.rsplit("-", 1)[0] for path in HISTORIES}
-    assert names == {"happy-path", "dns-wait", "failure-and-retry", "renewal"}
+    assert names == {
+        "happy-path",
+        "dns-wait",
+        "failure-and-retry",
+        "renewal",
+        # FOLLOW_MOVED_ROW_PATCH: recorded before it (the run ended) and after it.
+        "row-moved-on-unpatched",
+        "row-moved-on",
+    }
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
