@@ -549,6 +549,10 @@ def start_temporal(
         "--port", str(port),
         "--db-filename", str(workdir / "temporal.db"),
         "--log-level", "warn",
+        # Activities scheduled by a workflow task go straight back to the worker that
+        # completed it, skipping a round trip through matching (the SDK asks for it;
+        # the server grants it only with this on).
+        "--dynamic-config-value", "system.enableActivityEagerExecution=true",
     ]
     ui_url, ports = None, [port]
     if ui:
