@@ -8,14 +8,13 @@ request's Host, and 404 for everything else. A product backend can mount
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
-
-import asyncio
 
 import asyncpg
 import h11
@@ -148,11 +147,11 @@ class _GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        if self.cycle is not None:
-            self.cycle.disconnected = True  # the application's response has nowhere to go
-            if self.cycle.response_started:
-                self.transport.close()  # h11 cannot start a second response
-                return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True  # uvicorn answers this request, not the app
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.close()  # a response is under way: h11 cannot start another
+            return
         super().send_400_response(msg)
 
     def _watch_receipt(self) -> None:

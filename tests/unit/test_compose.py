@@ -63,3 +63,14 @@ def test_encryption_key_is_required() -> None:
     )
     assert result.returncode != 0
     assert "CERTFLOW_ENCRYPTION_KEY" in result.stderr
+
+
+def test_temporal_dispatches_activities_eagerly() -> None:
+    """The compose Temporal server reads the dynamic config that turns on eager
+    activity dispatch, as the dev server of the tests and the benchmark does."""
+    config = _config()
+    mounted = str(ROOT / "temporal-dynamicconfig.yaml")
+    assert f"{mounted}:/etc/temporal/config/dynamicconfig/certflow.yaml:ro" in config
+    assert "DYNAMIC_CONFIG_FILE_PATH: config/dynamicconfig/certflow.yaml" in config
+    text = (ROOT / "temporal-dynamicconfig.yaml").read_text()
+    assert "system.enableActivityEagerExecution:\n  - value: true" in text
