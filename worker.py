@@ -18,7 +18,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
-from activities.acme_client import AcmeClients, check_profile, ensure_account
+from activities.acme_client import AcmeClients, ensure_account
 from activities.acme_orders import AcmeActivities
 from activities.dns_checks import DnsActivities, DnsChecker
 from activities.reconcile import ReconcileActivities
@@ -55,11 +55,15 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
         verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
         try:
             account = await ensure_account(
-                pool, settings.acme_directory_url, settings.acme_email, encryption_key, verify
+                pool,
+                settings.acme_directory_url,
+                settings.acme_email,
+                encryption_key,
+                verify,
+                settings.acme_profile,
             )
         except DecryptionError as err:
             raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
-        check_profile(account, settings.acme_profile)
         runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
         metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
         interceptors: list[Interceptor] = []

@@ -208,9 +208,13 @@ async def ensure_account(
     email: str | None,
     encryption_key: EncryptionKey,
     verify: str | bool,
+    profile: str | None = None,
 ) -> AcmeAccount:
     """Load this directory's account key (generating and storing it, encrypted, the
-    first time) and make sure the CA knows it. Safe when workers start together."""
+    first time) and make sure the CA knows it. Safe when workers start together.
+
+    A ``profile`` the CA's directory does not list is a ConfigError raised before
+    anything is written."""
 
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -236,6 +240,7 @@ async def ensure_account(
             account_url, directory_json = await _register_with_retries(
                 directory_url, key, email, verify
             )
+            check_profile(directory_json, profile)
             if row is None or row["account_url"] != account_url:
                 await conn.execute(
                     """INSERT INTO acme_accounts (directory_url, account_url, encrypted_account_key)
@@ -249,11 +254,11 @@ async def ensure_account(
     return AcmeAccount(directory_url, account_url, key, directory_json, verify)
 
 
-def check_profile(account: AcmeAccount, profile: str | None) -> None:
+def check_profile(directory_json: dict[str, Any], profile: str | None) -> None:
     """A configured ACME profile must be one the CA's directory lists."""
     if not profile:
         return
-    offered = dict(account.directory_json.get("meta", {}).get("profiles") or {})
+    offered = dict(directory_json.get("meta", {}).get("profiles") or {})
     if profile not in offered:
         listed = ", ".join(sorted(offered)) or "none"
         raise ConfigError(

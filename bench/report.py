@@ -88,15 +88,17 @@ def targets(baselines: dict[str, Any], certflow: dict[str, Any], idle: dict[str,
     big = certflow.get("500")
     rss = big["worker_peak_rss_mb"] if big else None
     add("worker peak RSS at N=500 <= 300 MB", rss, 300.0, None if rss is None else rss <= 300.0, None, "MB")
+    # Idle targets are judged on the long-run figures: the steady state plus the
+    # reconcile pass amortized over its interval.
     queries = None
     if idle is not None:
-        queries = idle["pg_statements_per_minute"]
+        queries = idle["pg_statements_per_minute_with_reconcile_amortized"]
         if queries is None:
             queries = idle["pg_xact_commit_per_minute"]
     n_idle = idle["certificates"] if idle else "N"
     add(f"idle ({n_idle} certs): Postgres queries/min < 1", queries, 1.0,
         None if queries is None else queries < 1.0, None, "per min")
-    cpu = idle["worker_cpu_percent"] if idle else None
+    cpu = idle["worker_cpu_percent_with_reconcile_amortized"] if idle else None
     add(f"idle ({n_idle} certs): worker CPU < 1 %", cpu, 1.0, None if cpu is None else cpu < 1.0, None, "% of a core")
     return found
 
@@ -147,7 +149,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"  one reconcile pass (every {idle['reconcile_interval_seconds']} s): {rec.get('seconds')} s,"
             f" {rec.get('pg_statements')} PG statements, CPU s {rec.get('cpu_seconds')};"
-            f" PG statements/min with it amortized: {_fmt(idle.get('pg_statements_per_minute_with_reconcile_amortized'), 2)}"
+            f" PG statements/min with it amortized: {_fmt(idle.get('pg_statements_per_minute_with_reconcile_amortized'), 2)},"
+            f" worker CPU with it amortized: {_fmt(idle.get('worker_cpu_percent_with_reconcile_amortized'), 2)} %"
             f"; reconcile ran inside the window: {idle['reconcile_ran_in_window']}"
         )
     lines.append("")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -114,10 +115,15 @@ def test_demo_issues_three_certificates() -> None:
     assert "Temporal UI: http://127.0.0.1:" in result.stdout
 
 
-async def test_a_profile_the_ca_does_not_offer_stops_the_worker(deployment: Deployment) -> None:
-    # Pebble 2.4's directory lists no profiles, so any profile is one it does not offer.
+async def test_a_profile_the_ca_does_not_offer_stops_the_worker(
+    deployment: Deployment, new_database: Callable[[str], str]
+) -> None:
+    """Pebble 2.4's directory lists no profiles, so any profile is one it does not
+    offer. On a fresh database: the worker stops before it stores an account."""
+    database_url = new_database("certflow_profile")
     env = {
         **deployment.env,
+        "CERTFLOW_DATABASE_URL": database_url,
         "CERTFLOW_ACME_PROFILE": "tlsserver",
         "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
     }
@@ -127,3 +133,8 @@ async def test_a_profile_the_ca_does_not_offer_stops_the_worker(deployment: Depl
         "certflow: configuration error: CERTFLOW_ACME_PROFILE: the CA does not offer"
         " profile 'tlsserver' (it offers: none)"
     )
+    conn = await asyncpg.connect(database_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM acme_accounts") == 0
+    finally:
+        await conn.close()
