@@ -806,7 +806,7 @@ async def test_a_lost_store_result_keeps_the_workflow(chaos_stack: ChaosStack) -
     worker stores the certificate (row ACTIVE) but dies before Temporal hears of it;
     the retries of finalize_and_store then fail (Postgres locked away here, as during
     a restart). The row is ACTIVE with the right key, so the workflow must go on to
-    wait for the renewal. Scenario failures raise RuntimeError, never taken for the bug."""
+    wait for the renewal (it used to complete: nothing would have renewed it)."""
     stack = chaos_stack
     stack.proxy.clear()
     hostname = f"bug6.r{uuid.uuid4().hex[:6]}.chaos.test"
