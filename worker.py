@@ -114,6 +114,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 records.cancel_certificate,
                 records.delete_certificate,
                 dns.check_dns,
+                acme.place_order,
                 acme.create_order,
                 acme.accept_challenge,
                 acme.wait_for_order,

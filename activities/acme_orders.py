@@ -49,6 +49,7 @@ from certflow.models import (
     IssuedCertificate,
     OpenedOrder,
     OrderProgress,
+    PlaceOrderInput,
     RenewalAdvice,
     WaitForOrderInput,
 )
@@ -238,6 +239,35 @@ class AcmeActivities:
             time.sleep(wait)  # on the executor thread, like the exchange itself
             delay = min(delay * 2, 2.0)
 
+    # -- place_order -------------------------------------------------------
+
+    @activity.defn(name="place_order")
+    async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
+        """Open a new order and persist its challenge, in one step (runs from before
+        the place-order patch call create_order and persist_challenge instead).
+
+        An order an earlier try persisted (its result lost) is returned as it is,
+        never ordered again. Nothing is sent while the shared rate-limit cooldown runs.
+        """
+        return await self._step(
+            "create_order",
+            self._place_order(input),
+            span_attributes={"certificate.hostname": input.hostname},
+        )
+
+    async def _place_order(self, input: PlaceOrderInput) -> OpenedOrder:
+        stored = await certificates.stored_open_order(self._pool, input.certificate_id)
+        if stored is not None:
+            return stored
+        order = await self._create_order(input.hostname)
+        # Committed before anything asks the CA to validate, so the responder can
+        # answer its first request.
+        if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
+            raise CertflowError(
+                code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
+            )
+        return order
+
     # -- accept_challenge --------------------------------------------------
 
     @activity.defn(name="accept_challenge")
@@ -273,7 +303,8 @@ class AcmeActivities:
     @activity.defn(name="wait_for_order")
     async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
         """Poll the order every few tens of milliseconds (heartbeating) until it is
-        ready or valid, or the window ends. An invalid order is ACME_INVALID_ORDER."""
+        ready or valid, or the window ends; with ``accept_first``, accept the
+        challenge first. An invalid order is ACME_INVALID_ORDER."""
         return await self._step(
             "poll_order",
             self._wait_for_order(input),
@@ -282,6 +313,9 @@ class AcmeActivities:
         )
 
     async def _wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
+        if input.accept_first and input.challenge_url:
+            challenge_url = input.challenge_url
+            await self._call(lambda client: self._accept(client, challenge_url))
         started = time.monotonic()
         deadline = started + input.within_seconds
         interval = FAST_POLL_FIRST

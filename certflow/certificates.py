@@ -83,6 +83,26 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
     return bool(result)
 
 
+async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOrder | None:
+    """The open order and challenge persisted on the row, if there is one."""
+    row = await pool.fetchrow(
+        """
+        SELECT http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth
+        FROM certificates
+        WHERE id = $1::uuid AND http_order_url IS NOT NULL AND http_challenge_token IS NOT NULL
+        """,
+        certificate_id,
+    )
+    if row is None:
+        return None
+    return OpenedOrder(
+        order_url=row["http_order_url"],
+        challenge_url=row["http_challenge_url"],
+        token=row["http_challenge_token"],
+        key_authorization=row["http_challenge_key_auth"],
+    )
+
+
 async def store_pending_key(
     pool: asyncpg.Pool, certificate_id: str, order_url: str, encrypted_key: bytes
 ) -> bool:

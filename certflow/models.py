@@ -97,12 +97,18 @@ class CreateOrderInput(Frozen):
     hostname: str
 
 
+class PlaceOrderInput(Frozen):
+    certificate_id: str
+    hostname: str
+
+
 class OpenedOrder(Frozen):
     """A new ACME order and its HTTP-01 challenge. The key authorization is
-    public by design (the CA fetches it over plain HTTP)."""
+    public by design (the CA fetches it over plain HTTP). The authorization URL
+    is not stored: an order read back from the row has none."""
 
     order_url: str
-    authorization_url: str
+    authorization_url: str | None = None
     challenge_url: str
     token: str
     key_authorization: str
@@ -121,6 +127,8 @@ class WaitForOrderInput(Frozen):
     order_url: str
     challenge_url: str | None
     within_seconds: float
+    accept_first: bool = False
+    """Ask the CA to validate the challenge before polling (after place_order)."""
 
 
 class OrderProgress(Frozen):

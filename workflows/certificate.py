@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         OpenedOrder,
         OrderProgress,
         PersistChallengeInput,
+        PlaceOrderInput,
         ProvisioningPolicy,
         RecordFailureInput,
         OpenOrder,
@@ -64,6 +65,10 @@ T = TypeVar("T")
 # Patches (workflow.patched): each keeps the histories of older runs replaying.
 FOLLOW_MOVED_ROW_PATCH = "follow-moved-row"
 """A failure that finds the row moved on re-reads the row instead of ending the workflow."""
+PLACE_ORDER_PATCH = "place-order"
+"""One place_order activity (create + persist) instead of create_order and
+persist_challenge, and the accept inside the first wait_for_order instead of
+accept_challenge: two round trips fewer per certificate."""
 
 _NOT_RETRYABLE = [str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY]
 
@@ -103,6 +108,7 @@ _SUMMARIES = {
     "ensure_certificate": "reading the certificate row",
     "check_dns": "checking CNAME and CAA",
     "create_order": "creating the ACME order",
+    "place_order": "creating the ACME order and storing its challenge",
     "persist_challenge": "storing the HTTP-01 challenge",
     "accept_challenge": "asking the CA to validate",
     "wait_for_order": "polling the order",
@@ -265,25 +271,25 @@ class CertificateWorkflow:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
         try:
             order_url, challenge_url = record.order_url, record.challenge_url
+            accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
             if order_url is None:
                 if not record.skips_dns:
                     self._phase = "checking DNS"
                     await _run(_DNS, "check_dns", CheckDnsInput(hostname=record.hostname), type(None))
                     self._check_stop()
                 self._phase = "creating order"
-                order = await _run(
-                    _CA, "create_order", CreateOrderInput(hostname=record.hostname), OpenedOrder
-                )
-                persisted = await _run(
-                    _POSTGRES,
-                    "persist_challenge",
-                    PersistChallengeInput(certificate_id=record.certificate_id, order=order),
-                    bool,
-                )
-                if not persisted:
-                    raise _AttemptFailed(
-                        ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None
+                accept_first = workflow.patched(PLACE_ORDER_PATCH)
+                if accept_first:
+                    order = await _run(
+                        _CA,
+                        "place_order",
+                        PlaceOrderInput(
+                            certificate_id=record.certificate_id, hostname=record.hostname
+                        ),
+                        OpenedOrder,
                     )
+                else:
+                    order = await self._create_and_persist_order(record)
                 order_url, challenge_url = order.order_url, order.challenge_url
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                 self._record = record = record.model_copy(
@@ -296,14 +302,15 @@ class CertificateWorkflow:
                     }
                 )
                 self._check_stop()
-                self._phase = "accepting challenge"
-                await _run(
-                    _CA,
-                    "accept_challenge",
-                    AcceptChallengeInput(challenge_url=challenge_url),
-                    type(None),
-                )
-            await self._wait_for_order(order_url, challenge_url, policy)
+                if not accept_first:
+                    self._phase = "accepting challenge"
+                    await _run(
+                        _CA,
+                        "accept_challenge",
+                        AcceptChallengeInput(challenge_url=challenge_url),
+                        type(None),
+                    )
+            await self._wait_for_order(order_url, challenge_url, policy, accept_first)
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._phase = "finalizing"
             return await _run(
@@ -321,10 +328,30 @@ class CertificateWorkflow:
                 raise _Stopped() from None
             raise _failure_of(err) from None
 
+    async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
+        """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
+        order = await _run(
+            _CA, "create_order", CreateOrderInput(hostname=record.hostname), OpenedOrder
+        )
+        persisted = await _run(
+            _POSTGRES,
+            "persist_challenge",
+            PersistChallengeInput(certificate_id=record.certificate_id, order=order),
+            bool,
+        )
+        if not persisted:
+            raise _AttemptFailed(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None)
+        return order
+
     async def _wait_for_order(
-        self, order_url: str, challenge_url: str | None, policy: ProvisioningPolicy
+        self,
+        order_url: str,
+        challenge_url: str | None,
+        policy: ProvisioningPolicy,
+        accept_first: bool = False,
     ) -> None:
-        """Poll fast inside an activity, then on durable timers that back off."""
+        """Poll fast inside an activity (accepting the challenge first when asked),
+        then on durable timers that back off."""
         attempt = 0
         while True:
             self._check_stop()
@@ -340,6 +367,7 @@ class CertificateWorkflow:
                     order_url=order_url,
                     challenge_url=challenge_url,
                     within_seconds=policy.order_fast_poll_seconds,
+                    accept_first=accept_first and attempt == 0,
                 ),
                 OrderProgress,
             )

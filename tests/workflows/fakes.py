@@ -63,6 +63,7 @@ from certflow.models import (
     OrderProgress,
     Outcome,
     PersistChallengeInput,
+    PlaceOrderInput,
     ProvisioningPolicy,
     RecordFailureInput,
     RenewalAdvice,
@@ -88,10 +89,8 @@ FAST_POLICY = ProvisioningPolicy(
 HAPPY_STEPS = [
     "ensure_certificate",
     "check_dns",
-    "create_order",
-    "persist_challenge",
-    "accept_challenge",
-    "wait_for_order",
+    "place_order",  # creates the order and persists its challenge
+    "wait_for_order",  # accepts the challenge first, then polls
     "finalize_and_store",
 ]
 # What a run that starts on an ACTIVE row does before it waits for the renewal time.
@@ -306,6 +305,29 @@ class Fakes:
         async def check_dns(input: CheckDnsInput) -> None:
             await self._enter("check_dns", input)
 
+        @activity.defn(name="place_order")
+        async def place_order(input: PlaceOrderInput) -> OpenedOrder:
+            result, _ = await self._enter("place_order", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            if row.order_url is not None and not row.deleted:  # persisted by an earlier try
+                return order(int(row.order_url.rsplit("/", 1)[1]))
+            self.orders_created += 1
+            placed = order(self.orders_created)
+            fresh = row.status in (
+                CertificateStatus.PENDING,
+                CertificateStatus.RENEWING,
+                CertificateStatus.EXPIRED,
+            )
+            if row.deleted or not fresh:
+                raise app_error(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on")
+            if row.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
+                row.status = CertificateStatus.PROVISIONING
+            row.order_url = placed.order_url
+            row.challenge_url = placed.challenge_url
+            row.error_code = row.error_message = None
+            return placed
+
         @activity.defn(name="create_order")
         async def create_order(input: CreateOrderInput) -> OpenedOrder:
             result, _ = await self._enter("create_order", input)
@@ -482,6 +504,7 @@ class Fakes:
         return [
             ensure_certificate,
             check_dns,
+            place_order,
             create_order,
             persist_challenge,
             accept_challenge,

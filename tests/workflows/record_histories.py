@@ -1,12 +1,13 @@
 """Record the Certificate workflow histories that test_replay.py replays.
 
-    .venv/bin/python -m tests.workflows.record_histories
+    .venv/bin/python -m tests.workflows.record_histories [LABEL]
 
 Runs four scenarios on real servers (Temporal dev server, embedded Postgres,
 Pebble, challtestsrv, a worker) and writes every run's history to
-tests/workflows/histories/<scenario>-<n>.json. Re-record only for a new
-scenario: the point of the checked-in files is that every later change to the
-workflow still replays them (patch with workflow.patched() where it would not).
+tests/workflows/histories/<scenario>[-LABEL]-<n>.json. Never overwrite: the
+point of the checked-in files is that every later change to the workflow still
+replays them (patch with workflow.patched() where it would not). After a patch
+that changes these scenarios' paths, record them again under a label naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import base64
 import json
 import secrets
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ from certflow.settings import ClientSettings
 from starter import CertflowClient, CertificateStatusReport
 
 HISTORIES = Path(__file__).parent / "histories"
+LABEL = ""
 TARGET = "edge.replay.test"
 MANAGED = "managed.replay.test"
 
@@ -50,6 +53,8 @@ def _settled(report: CertificateStatusReport) -> bool:
 
 
 async def _export(client: CertflowClient, hostname: str, scenario: str) -> None:
+    if LABEL:
+        scenario = f"{scenario}-{LABEL}"
     runs = [
         w.run_id
         async for w in client.temporal.list_workflows(f'WorkflowId="certificate:{hostname}"')
@@ -58,6 +63,8 @@ async def _export(client: CertflowClient, hostname: str, scenario: str) -> None:
         handle = client.temporal.get_workflow_handle(f"certificate:{hostname}", run_id=run_id)
         history = await handle.fetch_history()
         path = HISTORIES / f"{scenario}-{n}.json"
+        if path.exists():
+            raise FileExistsError(f"{path} is checked in: record under a new label")
         path.write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
         print(f"wrote {path.name} ({len(history.events)} events)")
 
@@ -142,6 +149,7 @@ async def _main(workdir: Path) -> None:
 
 
 if __name__ == "__main__":
+    LABEL = sys.argv[1] if len(sys.argv) > 1 else ""
     HISTORIES.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="certflow-histories-") as tmp:
         asyncio.run(_main(Path(tmp)))

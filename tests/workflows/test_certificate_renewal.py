@@ -219,7 +219,7 @@ async def test_expiry_during_a_failing_renewal_then_the_ca_recovers(
         assert state.expires_at == issued.not_after > expires
         assert state.error_code is None and state.retry_count == 0
         # The kept order of the renewal was finalized: one order for the whole renewal.
-        assert len(fakes.of("create_order")) == 1
+        assert len(fakes.of("place_order")) == 1
         assert "reopen_failed" not in fakes.names()
         await run.cancel()
 

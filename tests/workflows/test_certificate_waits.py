@@ -72,24 +72,24 @@ async def test_rate_limit_waits_for_retry_after_and_keeps_the_count(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     fakes = Fakes(workflow_env)
-    fakes.behaviours["create_order"] = fakes.rate_limited(1, 600)
+    fakes.behaviours["place_order"] = fakes.rate_limited(1, 600)
     async with started(workflow_env, fakes) as run:
         waiting = await until_phase(run, RATE_LIMIT_WAIT)
         assert waiting.status is PENDING
         assert waiting.retry_count == 0
         assert waiting.error_code is ErrorCode.ACME_RATE_LIMITED
         assert waiting.error_message == "too many new orders recently"
-        failed_at = fakes.of("create_order")[0].at
+        failed_at = fakes.of("place_order")[0].at
         assert waiting.next_attempt_at is not None
         assert 600 <= (waiting.next_attempt_at - failed_at).total_seconds() < 601
 
         await workflow_env.sleep(590)
-        assert len(fakes.of("create_order")) == 1  # still cooling down
+        assert len(fakes.of("place_order")) == 1  # still cooling down
 
         await run.until_active(advance=5)
         (outcome,) = fakes.outcomes()
         assert (outcome.retry_count, outcome.keep_order) == (0, True)
-        creates = fakes.of("create_order")
+        creates = fakes.of("place_order")
         assert 600 <= gap(creates[0], creates[1]) < 606
         assert "cooldown_remaining" not in fakes.names()  # nobody asked to retry
         assert (await run.state()).retry_count == 0
@@ -102,10 +102,10 @@ async def test_retry_during_a_cooldown_in_force_keeps_waiting(
     # No order is open. "retry now" makes the workflow look at the shared cooldown
     # again; while it is in force nothing goes to the CA.
     fakes = Fakes(workflow_env)
-    fakes.behaviours["create_order"] = fakes.rate_limited(1, 3600)
+    fakes.behaviours["place_order"] = fakes.rate_limited(1, 3600)
     async with started(workflow_env, fakes) as run:
         await until_phase(run, RATE_LIMIT_WAIT)
-        failed_at = fakes.of("create_order")[0].at
+        failed_at = fakes.of("place_order")[0].at
 
         await run.handle.signal("retry")
         (recheck,) = await run.until_calls("cooldown_remaining", 1)
@@ -115,8 +115,8 @@ async def test_retry_during_a_cooldown_in_force_keeps_waiting(
         assert abs((state.next_attempt_at - (failed_at + timedelta(seconds=3600))).total_seconds()) < 5
 
         await workflow_env.sleep(1800)
-        assert len(fakes.of("create_order")) == 1
-        creates = await run.until_calls("create_order", 2, advance=60)
+        assert len(fakes.of("place_order")) == 1
+        creates = await run.until_calls("place_order", 2, advance=60)
         assert 3600 <= gap(creates[0], creates[1]) < 3606
         await run.until_active()
         await run.cancel()
@@ -126,14 +126,14 @@ async def test_retry_after_the_cooldown_was_cleared_orders_again_at_once(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     fakes = Fakes(workflow_env)
-    fakes.behaviours["create_order"] = fakes.rate_limited(1, 3600)
+    fakes.behaviours["place_order"] = fakes.rate_limited(1, 3600)
     async with started(workflow_env, fakes) as run:
         waiting = await until_phase(run, RATE_LIMIT_WAIT)
         assert waiting.status is PENDING and waiting.next_attempt_at is not None
 
         fakes.cooldown_until = None  # an operator cleared the shared cooldown
         await run.handle.signal("retry")
-        creates = await run.until_calls("create_order", 2)
+        creates = await run.until_calls("place_order", 2)
         assert gap(creates[0], creates[1]) < 60
         assert len(fakes.of("cooldown_remaining")) == 1
         await run.until_active()
@@ -168,7 +168,7 @@ async def test_retry_does_not_cut_a_rate_limit_wait_with_an_open_order_short(
         assert 600 <= (polls[1].at - failed_at).total_seconds() < 606
         assert polls[1].arg.order_url == order(1).order_url
         await run.until_active()
-        assert len(fakes.of("create_order")) == 1
+        assert len(fakes.of("place_order")) == 1
         await run.cancel()
 
 

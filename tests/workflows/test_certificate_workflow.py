@@ -15,15 +15,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import (
-    AcceptChallengeInput,
     CertificateStatus,
     CheckDnsInput,
-    CreateOrderInput,
     EnsureCertificateInput,
     FinalizeInput,
     OrderProgress,
     Outcome,
-    PersistChallengeInput,
+    PlaceOrderInput,
     RecordFailureInput,
     WaitForOrderInput,
 )
@@ -71,7 +69,6 @@ async def test_happy_path_issues_in_order_and_goes_active(workflow_env: Workflow
         # Issued, then continue-as-new: the next run starts from the (now ACTIVE) row
         # and waits for the renewal time.
         assert fakes.names() == HAPPY_STEPS + ACTIVE_RUN_STEPS
-        assert fakes.names().index("persist_challenge") < fakes.names().index("accept_challenge")
         assert await run.run_id() != first_run_id
 
         (issued,) = fakes.issued
@@ -90,17 +87,15 @@ async def test_happy_path_issues_in_order_and_goes_active(workflow_env: Workflow
     first = order(1)
     assert fakes.of("ensure_certificate")[0].arg == EnsureCertificateInput(hostname=HOSTNAME)
     assert fakes.of("check_dns")[0].arg == CheckDnsInput(hostname=HOSTNAME)
-    assert fakes.of("create_order")[0].arg == CreateOrderInput(hostname=HOSTNAME)
-    assert fakes.of("persist_challenge")[0].arg == PersistChallengeInput(
-        certificate_id=CERT_ID, order=first
+    assert fakes.of("place_order")[0].arg == PlaceOrderInput(
+        certificate_id=CERT_ID, hostname=HOSTNAME
     )
-    assert fakes.of("accept_challenge")[0].arg == AcceptChallengeInput(
-        challenge_url=first.challenge_url
-    )
+    # The challenge was persisted by place_order; the first poll accepts it.
     assert fakes.of("wait_for_order")[0].arg == WaitForOrderInput(
         order_url=first.order_url,
         challenge_url=first.challenge_url,
         within_seconds=FAST_POLICY.order_fast_poll_seconds,
+        accept_first=True,
     )
     assert fakes.of("finalize_and_store")[0].arg == FinalizeInput(
         certificate_id=CERT_ID, hostname=HOSTNAME, order_url=first.order_url
@@ -206,7 +201,7 @@ async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     fakes = Fakes(workflow_env)
-    fakes.behaviours["create_order"] = fakes.rate_limited(1, 120)
+    fakes.behaviours["place_order"] = fakes.rate_limited(1, 120)
     async with started(workflow_env, fakes) as run:
         await run.until_active(advance=10)
         assert [as_tuple(o) for o in fakes.outcomes()] == [
@@ -215,12 +210,12 @@ async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
         assert fakes.names() == [
             "ensure_certificate",
             "check_dns",
-            "create_order",
+            "place_order",
             "record_failure",
             *ATTEMPT_STEPS,  # no order was open: the next attempt starts over
             *ACTIVE_RUN_STEPS,
         ]
-        creates = fakes.of("create_order")
+        creates = fakes.of("place_order")
         assert 120 <= gap(creates[0], creates[1]) < 131
         await run.cancel()
 
@@ -251,7 +246,7 @@ async def test_rate_limited_with_open_order_keeps_it_and_polls_it_again(
         finalizes = fakes.of("finalize_and_store")
         assert finalizes[1].arg.order_url == order(1).order_url
         assert 120 <= seconds_between(fakes.of("wait_for_order"))[0] < 131
-        assert len(fakes.of("create_order")) == 1
+        assert len(fakes.of("place_order")) == 1
         await run.cancel()
 
 
@@ -274,7 +269,7 @@ async def test_invalid_order_spends_budget_and_clears_the_order(
         ]
         failed_at = fakes.names().index("record_failure")
         assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
-        assert fakes.of("persist_challenge")[1].arg.order == order(2)  # a NEW order
+        assert fakes.orders_created == 2  # a NEW order
         assert fakes.of("finalize_and_store")[0].arg.order_url == order(2).order_url
         checks = fakes.of("check_dns")
         backoff = failure_backoff(1, FAST_POLICY)
@@ -312,7 +307,7 @@ async def test_temporary_error_with_open_order_keeps_it(workflow_env: WorkflowEn
 async def test_temporary_error_without_open_order_orders_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    fakes = Fakes(workflow_env, behaviours={"create_order": fail_first(1, acme_temporary_error)})
+    fakes = Fakes(workflow_env, behaviours={"place_order": fail_first(1, acme_temporary_error)})
     async with started(workflow_env, fakes) as run:
         await run.until_active(advance=10)
         assert [as_tuple(o) for o in fakes.outcomes()] == [
@@ -320,7 +315,7 @@ async def test_temporary_error_without_open_order_orders_again(
         ]
         failed_at = fakes.names().index("record_failure")
         assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
-        creates = fakes.of("create_order")
+        creates = fakes.of("place_order")
         assert 60 <= gap(creates[0], creates[1]) < 71
         await run.cancel()
 
@@ -367,10 +362,10 @@ async def test_short_faults_are_retried_inside_one_attempt(workflow_env: Workflo
     def retryable() -> ApplicationError:
         return app_error(ErrorCode.ACME_TEMPORARY, "badNonce", non_retryable=False)
 
-    fakes = Fakes(workflow_env, behaviours={"accept_challenge": fail_first(2, retryable)})
+    fakes = Fakes(workflow_env, behaviours={"wait_for_order": fail_first(2, retryable)})
     async with started(workflow_env, fakes) as run:
         await run.until_active(advance=1)
-        assert len(fakes.of("accept_challenge")) == 3
+        assert [c.arg.accept_first for c in fakes.of("wait_for_order")] == [True] * 3
         assert "record_failure" not in fakes.names()
         await run.cancel()
 
@@ -428,7 +423,7 @@ async def test_a_row_stored_by_a_lost_attempt_keeps_the_workflow(
         assert state.expires_at == fakes.row.expires_at
         assert fakes.names() == [*HAPPY_STEPS, "record_failure", "load_certificate", "renewal_info"]
         assert fakes.of("load_certificate")[0].arg == CERT_ID
-        assert len(fakes.of("create_order")) == 1
+        assert len(fakes.of("place_order")) == 1
         # Renewal still happens on time, from the certificate the row holds.
         assert (await run.state()).next_attempt_at is not None
         await run.cancel()

@@ -32,6 +32,11 @@ def test_the_scenarios_are_all_there() -> None:
         # FOLLOW_MOVED_ROW_PATCH: recorded before it (the run ended) and after it.
         "row-moved-on-unpatched",
         "row-moved-on",
+        # PLACE_ORDER_PATCH: the four scenarios again, after it (the ones above are before).
+        "happy-path-place-order",
+        "dns-wait-place-order",
+        "failure-and-retry-place-order",
+        "renewal-place-order",
     }
 
 
