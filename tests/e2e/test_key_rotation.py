@@ -14,9 +14,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow.crypto import DecryptionError, EncryptionKey
+from certflow.crypto import DecryptionError, EncryptionKey, generate_private_key, private_key_to_pem
 from certflow.db import create_pool, migrate
 from certflow.rotation import rotate_keys
+from certflow.settings import KeyType
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def _b64(raw: bytes) -> str:
 async def _seed(pool: asyncpg.Pool, key: EncryptionKey, count: int) -> dict[str, bytes]:
     plaintexts = {}
     for i in range(count):
-        pem = f"-----BEGIN PRIVATE KEY-----\\nkey {i} {secrets.token_hex(8)}\\n".encode()
+        pem = private_key_to_pem(generate_private_key(KeyType.EC256))  # made here, never checked in
         hostname = f"rot{i}.rotation.test"
         await pool.execute(
             "INSERT INTO certificates (hostname, status, encrypted_ssl_private_key, ssl_certificate)"

@@ -31,7 +31,7 @@ RAW_KEY = bytes(range(32))
 
 def test_round_trip() -> None:
     key = EncryptionKey(RAW_KEY)
-    plaintext = b"-----BEGIN PRIVATE KEY-----\nabc\n-----END PRIVATE KEY-----\n"
+    plaintext = private_key_to_pem(generate_private_key(KeyType.EC256))
     blob = key.encrypt(plaintext)
     assert key.decrypt(blob) == plaintext
     assert plaintext not in blob
