@@ -10,15 +10,19 @@ import secrets
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import pytest
+from temporalio.service import RPCError
 
-from certflow import devstack
+from certflow import certificates, devstack
 from certflow.crypto import EncryptionKey
 from certflow.db import create_pool, migrate
+from certflow.models import OpenedOrder
+from certflow.schedules import reconcile_schedule_id
 from certflow.settings import ClientSettings
 from starter import CertflowClient
 
@@ -159,3 +163,34 @@ async def db(deployment: Deployment) -> AsyncIterator[asyncpg.Pool]:
         yield pool
     finally:
         await pool.close()
+
+
+@asynccontextmanager
+async def reconcile_schedule_paused(client: CertflowClient, note: str) -> AsyncIterator[None]:
+    """Hold the deployment's reconcile schedule, which would start workflows for rows
+    a test plants by SQL (nothing to hold when no schedule is installed)."""
+    handle = client.temporal.get_schedule_handle(reconcile_schedule_id(client.task_queue))
+    try:
+        await handle.pause(note=note)
+    except RPCError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        await handle.unpause()
+
+
+async def plant_challenge(db: asyncpg.Pool, hostname: str) -> tuple[str, OpenedOrder]:
+    """A row for hostname with an open HTTP-01 challenge, as place_order leaves it, with
+    no CA involved: (certificate id, the order). Remove it with certificates.delete."""
+    token = secrets.token_urlsafe(32)
+    record = await certificates.ensure_certificate(db, hostname, None, None)
+    order = OpenedOrder(
+        order_url=f"https://ca.invalid/order/{uuid.uuid4().hex}",
+        challenge_url=f"https://ca.invalid/chall/{uuid.uuid4().hex}",
+        token=token,
+        key_authorization=f"{token}.{secrets.token_urlsafe(32)}",
+    )
+    assert await certificates.persist_challenge(db, record.certificate_id, order)
+    return record.certificate_id, order

@@ -1,9 +1,11 @@
 """SPEC §5 against the real CA: an order finalized before a crash is paired with the
-key stored for it, and never re-finalized with another key."""
+key stored for it, and never re-finalized with another key; an order placed before a
+crash is not placed again."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
@@ -27,10 +29,12 @@ from certflow.models import (
     CreateOrderInput,
     FinalizeInput,
     PersistChallengeInput,
+    PlaceOrderInput,
     WaitForOrderInput,
 )
 from certflow.settings import KeyType
-from tests.e2e.conftest import Deployment
+from starter import CertflowClient
+from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e
 
@@ -135,3 +139,39 @@ async def test_retried_finalize_reuses_the_stored_key(
         FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
     )
     assert x509.load_pem_x509_certificate(leaf.encode()).serial_number == int(again.serial_hex, 16)
+
+
+async def test_a_retried_place_order_returns_the_order_it_stored(
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, client: CertflowClient
+) -> None:
+    """SPEC §7 (orders are not idempotent): a try of place_order committed the challenge,
+    then its result was lost (a crash). The retry returns that order instead of opening
+    another, and the order still validates."""
+    hostname = deployment.hostname("placed")
+    async with reconcile_schedule_paused(client, "test_crash_safe_finalize"):
+        record = await certificates.ensure_certificate(db, hostname, None, None)
+        placing = PlaceOrderInput(certificate_id=record.certificate_id, hostname=hostname)
+        try:
+            first = await ActivityEnvironment().run(acme.place_order, placing)
+            retry = ActivityEnvironment()
+            retry.info = dataclasses.replace(retry.info, attempt=2)
+            again = await retry.run(acme.place_order, placing)
+            assert again.model_dump(exclude={"authorization_url"}) == first.model_dump(
+                exclude={"authorization_url"}
+            )
+            stored = await db.fetchval(
+                "SELECT http_order_url FROM certificates WHERE id = $1::uuid", record.certificate_id
+            )
+            assert stored == first.order_url
+            progress = await ActivityEnvironment().run(
+                acme.wait_for_order,
+                WaitForOrderInput(
+                    order_url=first.order_url,
+                    challenge_url=first.challenge_url,
+                    within_seconds=20,
+                    accept_first=True,
+                ),
+            )
+            assert progress.status == "ready"
+        finally:
+            await certificates.delete(db, record.certificate_id)

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,11 +31,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from certflow import certificates
 from certflow.hostnames import InvalidHostnameError
-from certflow.models import OpenedOrder
 from certflow.responder import REQUEST_RECEIPT_SECONDS
-from certflow.schedules import reconcile_schedule_id
 from starter import CertflowClient
-from tests.e2e.conftest import Deployment
+from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e
 
@@ -157,18 +154,9 @@ def _as_str(value: str | bytes) -> str:
 
 @pytest.fixture(scope="module")
 async def reconcile_paused(client: CertflowClient) -> AsyncIterator[None]:
-    """The deployment's reconcile schedule would start workflows for the rows this
-    module plants by SQL: hold it for the module."""
-    handle = client.temporal.get_schedule_handle(reconcile_schedule_id(client.task_queue))
-    try:
-        await handle.pause(note="tests/e2e/test_hostile_input.py")
-    except RPCError:
-        yield  # no schedule installed
-        return
-    try:
+    """Held for the module: it plants rows by SQL."""
+    async with reconcile_schedule_paused(client, "tests/e2e/test_hostile_input.py"):
         yield
-    finally:
-        await handle.unpause()
 
 
 async def _certificate_workflow_ids(client: CertflowClient, since: datetime | None = None) -> set[str]:
@@ -299,20 +287,11 @@ async def planted(
 ) -> AsyncIterator[Planted]:
     """An open challenge no workflow handles (so nothing else touches it)."""
     hostname = deployment.bare_hostname("hostile-responder")
-    token = secrets.token_urlsafe(32)
-    record = await certificates.ensure_certificate(db, hostname, None, None)
-    order = OpenedOrder(
-        order_url=f"https://ca.invalid/order/{uuid.uuid4().hex}",
-        authorization_url=f"https://ca.invalid/authz/{uuid.uuid4().hex}",
-        challenge_url=f"https://ca.invalid/chall/{uuid.uuid4().hex}",
-        token=token,
-        key_authorization=f"{token}.thumbprint",
-    )
-    assert await certificates.persist_challenge(db, record.certificate_id, order)
+    certificate_id, order = await plant_challenge(db, hostname)
     try:
-        yield Planted(hostname, token, order.key_authorization)
+        yield Planted(hostname, order.token, order.key_authorization)
     finally:
-        await certificates.delete(db, record.certificate_id)
+        await certificates.delete(db, certificate_id)
 
 
 def _exchange(port: int, data: bytes, *, read_timeout: float = 5.0) -> tuple[bytes, bool]:

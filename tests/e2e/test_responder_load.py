@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -235,13 +234,10 @@ if __name__ == "__main__":
 
 import asyncpg  # noqa: E402 (the generator above must not need these)
 import pytest  # noqa: E402
-from temporalio.service import RPCError  # noqa: E402
 
 from certflow import certificates  # noqa: E402
-from certflow.models import OpenedOrder  # noqa: E402
-from certflow.schedules import reconcile_schedule_id  # noqa: E402
 from starter import CertflowClient  # noqa: E402
-from tests.e2e.conftest import Deployment  # noqa: E402
+from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -282,33 +278,17 @@ def _targets(planted: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
 async def planted(deployment: Deployment, db: asyncpg.Pool, client: CertflowClient):  # type: ignore[no-untyped-def]
     """Open challenges for hostnames no workflow handles; the reconcile schedule (which
     would start workflows for such rows) is paused meanwhile."""
-    schedule = client.temporal.get_schedule_handle(reconcile_schedule_id(client.task_queue))
-    try:
-        await schedule.pause(note="tests/e2e/test_responder_load.py")
-        paused = True
-    except RPCError:
-        paused = False
     rows: list[tuple[str, str, str, str]] = []
-    try:
-        for _ in range(PLANTED):
-            hostname = deployment.bare_hostname("load")
-            token = secrets.token_urlsafe(32)
-            record = await certificates.ensure_certificate(db, hostname, None, None)
-            order = OpenedOrder(
-                order_url=f"https://ca.invalid/order/{uuid.uuid4().hex}",
-                authorization_url=f"https://ca.invalid/authz/{uuid.uuid4().hex}",
-                challenge_url=f"https://ca.invalid/chall/{uuid.uuid4().hex}",
-                token=token,
-                key_authorization=f"{token}.{secrets.token_urlsafe(32)}",
-            )
-            assert await certificates.persist_challenge(db, record.certificate_id, order)
-            rows.append((record.certificate_id, hostname, token, order.key_authorization))
-        yield [(h, t, k) for _, h, t, k in rows]
-    finally:
-        for certificate_id, *_ in rows:
-            await certificates.delete(db, certificate_id)
-        if paused:
-            await schedule.unpause()
+    async with reconcile_schedule_paused(client, "tests/e2e/test_responder_load.py"):
+        try:
+            for _ in range(PLANTED):
+                hostname = deployment.bare_hostname("load")
+                certificate_id, order = await plant_challenge(db, hostname)
+                rows.append((certificate_id, hostname, order.token, order.key_authorization))
+            yield [(h, t, k) for _, h, t, k in rows]
+        finally:
+            for certificate_id, *_ in rows:
+                await certificates.delete(db, certificate_id)
 
 
 async def _wait_active(client: CertflowClient, hostnames: list[str], timeout: float) -> dict[str, float]:

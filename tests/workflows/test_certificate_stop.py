@@ -112,23 +112,29 @@ async def test_cancel_ends_every_kind_of_wait(
     assert waiting.status is not CANCELED
 
 
-async def test_cancel_signal_during_the_fast_poll_stops_before_polling_again(
-    workflow_env: WorkflowEnvironment,
-) -> None:
+async def _cancel_during_the_fast_poll(fakes: Fakes, answer: str) -> CertificateState:
+    """Send cancel while wait_for_order polls; the poll then answers `answer`."""
     polling = asyncio.Event()
     release = asyncio.Event()
 
     async def held(index: int, _: WaitForOrderInput) -> Any:
         polling.set()
         await release.wait()
-        return OrderProgress(status="pending")
+        return OrderProgress(status=answer)
 
-    fakes = Fakes(workflow_env, behaviours={"wait_for_order": held})
-    async with started(workflow_env, fakes) as run:
+    fakes.behaviours["wait_for_order"] = held
+    async with started(fakes.env, fakes) as run:
         await asyncio.wait_for(polling.wait(), 15)
         await run.handle.signal("cancel")
         release.set()
-        result = await run.result()
+        return await run.result()
+
+
+async def test_cancel_signal_during_the_fast_poll_stops_before_polling_again(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(workflow_env)
+    result = await _cancel_during_the_fast_poll(fakes, answer="pending")
 
     assert result.status is CANCELED and result.phase == "canceled"
     assert len(fakes.of("wait_for_order")) == 1
@@ -139,20 +145,8 @@ async def test_cancel_signal_during_the_fast_poll_stops_before_polling_again(
 async def test_cancel_during_the_fast_poll_does_not_finalize_a_ready_order(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    polling = asyncio.Event()
-    release = asyncio.Event()
-
-    async def held(index: int, _: WaitForOrderInput) -> Any:
-        polling.set()
-        await release.wait()
-        return OrderProgress(status="ready")
-
-    fakes = Fakes(workflow_env, behaviours={"wait_for_order": held})
-    async with started(workflow_env, fakes) as run:
-        await asyncio.wait_for(polling.wait(), 15)
-        await run.handle.signal("cancel")
-        release.set()
-        result = await run.result()
+    fakes = Fakes(workflow_env)
+    result = await _cancel_during_the_fast_poll(fakes, answer="ready")
 
     assert result.status is CANCELED
     assert "finalize_and_store" not in fakes.names(), fakes.names()
