@@ -451,8 +451,15 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
-        from certflow.demo import run_demo
-
+        try:
+            from certflow.dev.demo import run_demo
+        except ImportError:
+            print(
+                "certflow: the demo runs from a checkout with the dev extra"
+                " (scripts/setup.sh && .venv/bin/python starter.py demo)",
+                file=sys.stderr,
+            )
+            return 2
         return run_demo(keep_running=not args.exit)
     try:
         return asyncio.run(_cli(args))

@@ -27,6 +27,7 @@ from acme import messages
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from certflow import accounts
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
 
@@ -218,14 +219,10 @@ async def ensure_account(
 
     async with pool.acquire() as conn:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", directory_url)
-            row = await conn.fetchrow(
-                "SELECT account_url, encrypted_account_key FROM acme_accounts"
-                " WHERE directory_url = $1",
-                directory_url,
-            )
-            if row is not None:
-                pem = encryption_key.decrypt(bytes(row["encrypted_account_key"]))
+            await accounts.lock_directory(conn, directory_url)
+            stored = await accounts.stored_account(conn, directory_url)
+            if stored is not None:
+                pem = encryption_key.decrypt(stored.encrypted_key)
                 private = serialization.load_pem_private_key(pem, password=None)
             else:
                 private = ec.generate_private_key(ec.SECP256R1())
@@ -241,14 +238,9 @@ async def ensure_account(
                 directory_url, key, email, verify
             )
             check_profile(directory_json, profile)
-            if row is None or row["account_url"] != account_url:
-                await conn.execute(
-                    """INSERT INTO acme_accounts (directory_url, account_url, encrypted_account_key)
-                       VALUES ($1, $2, $3)
-                       ON CONFLICT (directory_url) DO UPDATE SET account_url = EXCLUDED.account_url""",
-                    directory_url,
-                    account_url,
-                    encryption_key.encrypt(pem),
+            if stored is None or stored.account_url != account_url:
+                await accounts.save_account(
+                    conn, directory_url, account_url, encryption_key.encrypt(pem)
                 )
     log.info("ACME account ready", extra={"account_url": account_url})
     return AcmeAccount(directory_url, account_url, key, directory_json, verify)

@@ -7,6 +7,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from certflow import certificates
 from certflow.models import WORKFLOW_TYPE, CertificateInput, ReconcileResult, workflow_id_for
 
 
@@ -26,10 +27,7 @@ class ReconcileActivities:
         async for execution in self._client.list_workflows(query):
             running.add(execution.id)
             activity.heartbeat()
-        rows = await self._pool.fetch(
-            "SELECT hostname::text AS hostname, tenant_id FROM certificates"
-            " WHERE status <> 'CANCELED' ORDER BY created_at"
-        )
+        rows = await certificates.reconcile_candidates(self._pool)
         started: list[str] = []
         for row in rows:
             workflow_id = workflow_id_for(row["hostname"])

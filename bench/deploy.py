@@ -16,7 +16,7 @@ import asyncpg
 
 from bench import procstat
 from bench.stack import Stack, start_temporal, temporal_pid, worker_pid
-from certflow import devstack
+from certflow.dev import devstack
 from certflow.settings import ClientSettings
 from starter import CertflowClient
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import procstat
-from certflow import devstack
+from certflow.dev import devstack
 
 STATS_DATABASE = "certflow_bench_stats"
 

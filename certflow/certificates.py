@@ -377,6 +377,15 @@ async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> li
     return [dict(r) for r in rows]
 
 
+async def reconcile_candidates(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    """(hostname, tenant_id) of every row that should have a running workflow."""
+    rows: list[asyncpg.Record] = await pool.fetch(
+        "SELECT hostname::text AS hostname, tenant_id FROM certificates"
+        " WHERE status <> 'CANCELED' ORDER BY created_at"
+    )
+    return rows
+
+
 async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
     """Hostnames held back by a CA rate limit."""
     rows = await pool.fetch(

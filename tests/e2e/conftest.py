@@ -18,7 +18,8 @@ import asyncpg
 import pytest
 from temporalio.service import RPCError
 
-from certflow import certificates, devstack
+from certflow import certificates
+from certflow.dev import devstack
 from certflow.crypto import EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.models import OpenedOrder

@@ -30,8 +30,8 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
-from certflow import devstack
-from certflow.faultproxy import FaultProxy, start_fault_proxy
+from certflow.dev import devstack
+from certflow.dev.faultproxy import FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from starter import CertflowClient, CertificateStatusReport
 

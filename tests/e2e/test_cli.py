@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow import devstack
+from certflow.dev import devstack
 from tests.e2e.conftest import Deployment
 
 pytestmark = pytest.mark.e2e

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from certflow import cooldown, devstack
-from certflow.faultproxy import Endpoint, Fault, FaultProxy
+from certflow import cooldown
+from certflow.dev import devstack
+from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy
 from starter import ActionRejectedError, CertflowClient, CertificateStatusReport
 from tests.e2e.fault_fixtures import (
     CNAME_TARGET,

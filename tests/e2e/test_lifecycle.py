@@ -35,10 +35,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from temporalio.client import WorkflowExecutionStatus
 
-from certflow import devstack
+from certflow.dev import devstack
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from certflow.db import create_pool
-from certflow.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
+from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.models import CertificateState
 from certflow.serving import SniCertificates
 from certflow.settings import ClientSettings

@@ -12,7 +12,7 @@ import pytest
 
 from certflow import certificates
 from certflow.db import create_pool, migrate
-from certflow.devstack import free_port
+from certflow.dev.devstack import free_port
 from certflow.models import OpenedOrder
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 

@@ -27,8 +27,8 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client
 
-from certflow import devstack
-from certflow.devstack import PebbleStack, StackError
+from certflow.dev import devstack
+from certflow.dev.devstack import PebbleStack, StackError
 
 
 @pytest.fixture(scope="module")

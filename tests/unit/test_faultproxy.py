@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from josepy.jwk import JWKEC
 
-from certflow import devstack
-from certflow.devstack import PebbleStack
-from certflow.faultproxy import Endpoint, Fault, FaultProxy, classify_path, start_fault_proxy
+from certflow.dev import devstack
+from certflow.dev.devstack import PebbleStack
+from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, classify_path, start_fault_proxy
 
 
 @pytest.fixture(scope="module")

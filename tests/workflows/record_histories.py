@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from certflow import devstack
+from certflow.dev import devstack
 from certflow.settings import ClientSettings
 from starter import CertflowClient, CertificateStatusReport
 

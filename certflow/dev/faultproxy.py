@@ -81,7 +81,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from certflow.devstack import PebbleStack
+from certflow.dev.devstack import PebbleStack
 
 __all__ = [
     "Endpoint",

@@ -653,7 +653,7 @@ def _run_sync(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 # ----------------------------------------------------------------------- certflow worker
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def certflow_environment(
@@ -730,7 +730,7 @@ def start_worker(
 
 
 if __name__ == "__main__":
-    # `python -m certflow.devstack pebble-tls DIR NAME...`: TLS files for a Pebble
+    # `python -m certflow.dev.devstack pebble-tls DIR NAME...`: TLS files for a Pebble
     # container (docker-compose), generated at run time rather than committed.
     if len(sys.argv) >= 3 and sys.argv[1] == "pebble-tls":
         out = Path(sys.argv[2])
@@ -753,5 +753,5 @@ if __name__ == "__main__":
             path.chmod(0o644)  # read by the Pebble container's own user
         print(f"wrote Pebble TLS files and config to {out}")
     else:
-        print("usage: python -m certflow.devstack pebble-tls DIR NAME...", file=sys.stderr)
+        print("usage: python -m certflow.dev.devstack pebble-tls DIR NAME...", file=sys.stderr)
         sys.exit(2)

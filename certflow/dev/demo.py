@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from certflow import devstack
+from certflow.dev import devstack
 from certflow.settings import ClientSettings
 
 DEMO_HOSTNAMES = ("shop.customer-one.test", "trust.customer-two.test", "www.customer-three.test")
