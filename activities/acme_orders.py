@@ -43,6 +43,8 @@ from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_appli
 from certflow.metrics import CertflowMetrics
 from certflow.tracing import step_span
 from certflow.models import (
+    ISSUABLE,
+    AcmeStatus,
     AcceptChallengeInput,
     CreateOrderInput,
     FinalizeInput,
@@ -75,6 +77,16 @@ def _issued(info: CertificateInfo) -> IssuedCertificate:
 class _Fetched:
     body: dict[str, Any]
     retry_after: float | None
+
+
+def _order_status(order: dict[str, Any]) -> AcmeStatus:
+    try:
+        return AcmeStatus(str(order.get("status")))
+    except ValueError:
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_TEMPORARY,
+            message=f"the CA answered an order status RFC 8555 does not define: {order.get('status')!r}",
+        ) from None
 
 
 class AcmeActivities:
@@ -290,7 +302,7 @@ class AcmeActivities:
         except messages.Error:
             # Pebble answers `malformed` to a second accept; only the status tells.
             challenge = self._post_as_get(client, challenge_url).body
-            if challenge.get("status") == "invalid":
+            if challenge.get("status") == AcmeStatus.INVALID:
                 detail = str((challenge.get("error") or {}).get("detail") or "challenge invalid")
                 raise AcmeProblemError(
                     code=ErrorCode.ACME_INVALID_ORDER,
@@ -298,7 +310,7 @@ class AcmeActivities:
                     problem_type=str((challenge.get("error") or {}).get("type") or ""),
                     detail=detail,
                 ) from None
-            if challenge.get("status") not in ("processing", "valid"):
+            if challenge.get("status") not in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
                 raise
 
     # -- wait_for_order ----------------------------------------------------
@@ -311,7 +323,7 @@ class AcmeActivities:
         return await self._step(
             "poll_order",
             self._wait_for_order(input),
-            lambda progress: "ok" if progress.status in ("ready", "valid") else "not_ready",
+            lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
             span_attributes={"acme.order_url": input.order_url},
         )
 
@@ -326,14 +338,14 @@ class AcmeActivities:
         while True:
             fetched = await self._call(lambda client: self._post_as_get(client, input.order_url))
             activity.heartbeat()
-            status = str(fetched.body.get("status"))
-            if status in ("ready", "valid"):
+            status = _order_status(fetched.body)
+            if status in ISSUABLE:
                 return OrderProgress(status=status)
-            if status == "invalid":
+            if status is AcmeStatus.INVALID:
                 raise await self._invalid_order(fetched.body)
             now = time.monotonic()
             if (
-                status == "pending"
+                status is AcmeStatus.PENDING
                 and input.challenge_url
                 and not reaccept_checked
                 and now - started > REACCEPT_AFTER
@@ -348,7 +360,7 @@ class AcmeActivities:
             interval = min(interval * 1.5, FAST_POLL_MAX)
 
     def _reaccept_if_pending(self, client: acme_client.ClientV2, challenge_url: str) -> None:
-        if self._post_as_get(client, challenge_url).body.get("status") == "pending":
+        if self._post_as_get(client, challenge_url).body.get("status") == AcmeStatus.PENDING:
             self._accept(client, challenge_url)
 
     async def _invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
@@ -399,7 +411,7 @@ class AcmeActivities:
         encrypted = await certificates.load_pending_key(
             self._pool, input.certificate_id, input.order_url
         )
-        if status == "ready":
+        if status == AcmeStatus.READY:
             if encrypted is None:
                 key = generate_private_key(self._key_type)
                 encrypted = self._key.encrypt(private_key_to_pem(key))
@@ -415,7 +427,7 @@ class AcmeActivities:
             csr = make_csr(key, input.hostname)
             finalize_url = str(order["finalize"])
             await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
-        elif status in ("processing", "valid"):
+        elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
             if encrypted is None:
                 # Finalized with a key that was never stored: nothing can pair it.
                 raise AcmeProblemError(
@@ -423,7 +435,7 @@ class AcmeActivities:
                     message="the order was finalized without a stored key; a new order is needed",
                 )
             key = self._decrypt_key(encrypted)
-        elif status == "invalid":
+        elif status == AcmeStatus.INVALID:
             raise await self._invalid_order(order)
         else:
             raise AcmeProblemError(
@@ -469,9 +481,9 @@ class AcmeActivities:
         while True:
             order = (await self._call(lambda client: self._post_as_get(client, order_url))).body
             activity.heartbeat()
-            if order.get("status") == "valid" and order.get("certificate"):
+            if order.get("status") == AcmeStatus.VALID and order.get("certificate"):
                 return str(order["certificate"])
-            if order.get("status") == "invalid":
+            if order.get("status") == AcmeStatus.INVALID:
                 raise await self._invalid_order(order)
             if time.monotonic() >= deadline:
                 raise AcmeProblemError(
@@ -538,10 +550,10 @@ class AcmeActivities:
             order = self._post_as_get(client, order_url).body
             for authz_url in order.get("authorizations") or []:
                 authz = self._post_as_get(client, authz_url).body
-                if authz.get("status") in ("pending", "valid"):
+                if authz.get("status") in (AcmeStatus.PENDING, AcmeStatus.VALID):
                     client.net.post(
                         authz_url,
-                        messages.UpdateAuthorization(status="deactivated"),
+                        messages.UpdateAuthorization(status=str(AcmeStatus.DEACTIVATED)),
                         new_nonce_url=self._clients.new_nonce_url,
                     )
 

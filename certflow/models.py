@@ -31,6 +31,22 @@ class CertificateStatus(StrEnum):
     CANCELED = "CANCELED"
 
 
+class AcmeStatus(StrEnum):
+    """Statuses of ACME orders, authorizations and challenges (RFC 8555 §7.1.6)."""
+
+    PENDING = "pending"
+    READY = "ready"
+    PROCESSING = "processing"
+    VALID = "valid"
+    INVALID = "invalid"
+    DEACTIVATED = "deactivated"
+
+
+ISSUABLE = frozenset({AcmeStatus.READY, AcmeStatus.VALID})
+"""Order statuses that let finalize_and_store go on (ready: finalize; valid: a
+finalize happened before, pair the stored key)."""
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -134,7 +150,7 @@ class WaitForOrderInput(Frozen):
 class OrderProgress(Frozen):
     """Order status after waiting; ``retry_after_seconds`` is the CA's hint."""
 
-    status: str
+    status: AcmeStatus
     retry_after_seconds: float | None = None
 
 

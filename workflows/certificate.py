@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         EnsureCertificateInput,
         EnsureCertificateResult,
         FinalizeInput,
+        ISSUABLE,
         IssuedCertificate,
         OpenedOrder,
         OrderProgress,
@@ -371,7 +372,7 @@ class CertificateWorkflow:
                 ),
                 OrderProgress,
             )
-            if progress.status in ("ready", "valid"):
+            if progress.status in ISSUABLE:
                 return
             delay = order_poll_delay(attempt, progress.retry_after_seconds)
             attempt += 1

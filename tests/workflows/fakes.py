@@ -45,6 +45,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from certflow.errors import ErrorCode
+from certflow.models import AcmeStatus
 from certflow.models import (
     WORKFLOW_TYPE,
     AcceptChallengeInput,
@@ -364,7 +365,7 @@ class Fakes:
         @activity.defn(name="wait_for_order")
         async def wait_for_order(input: WaitForOrderInput) -> OrderProgress:
             result, _ = await self._enter("wait_for_order", input)
-            return OrderProgress(status="ready") if result is DEFAULT else result
+            return OrderProgress(status=AcmeStatus.READY) if result is DEFAULT else result
 
         @activity.defn(name="finalize_and_store")
         async def finalize_and_store(input: FinalizeInput) -> IssuedCertificate:

@@ -13,6 +13,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
+from certflow.models import AcmeStatus
 from certflow.models import (
     CertificateState,
     CertificateStatus,
@@ -74,7 +75,7 @@ async def test_cancel_ends_every_kind_of_wait(
     elif wait == "polling":
 
         async def pending(_: int, __: WaitForOrderInput) -> OrderProgress:
-            return OrderProgress(status="pending", retry_after_seconds=3600)
+            return OrderProgress(status=AcmeStatus.PENDING, retry_after_seconds=3600)
 
         fakes.behaviours["wait_for_order"] = pending
 
@@ -120,7 +121,7 @@ async def _cancel_during_the_fast_poll(fakes: Fakes, answer: str) -> Certificate
     async def held(index: int, _: WaitForOrderInput) -> Any:
         polling.set()
         await release.wait()
-        return OrderProgress(status=answer)
+        return OrderProgress(status=AcmeStatus(answer))
 
     fakes.behaviours["wait_for_order"] = held
     async with started(fakes.env, fakes) as run:
@@ -231,7 +232,7 @@ async def test_deactivation_failure_does_not_stop_the_cancel(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     async def pending(_: int, __: WaitForOrderInput) -> OrderProgress:
-        return OrderProgress(status="pending", retry_after_seconds=3600)
+        return OrderProgress(status=AcmeStatus.PENDING, retry_after_seconds=3600)
 
     def unreachable() -> Exception:
         return RuntimeError("the CA is unreachable")

@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
+from certflow.models import AcmeStatus
 from certflow.models import (
     CertificateState,
     CertificateStatus,
@@ -423,7 +424,7 @@ async def test_renewing_shows_in_the_status_query(workflow_env: WorkflowEnvironm
         if index == 1:  # the renewal's order
             polling.set()
             await release.wait()
-        return OrderProgress(status="ready")
+        return OrderProgress(status=AcmeStatus.READY)
 
     fakes = Fakes(workflow_env, behaviours={"wait_for_order": held})
     async with started(workflow_env, fakes) as run:
@@ -452,8 +453,8 @@ async def test_retry_sent_during_an_attempt_that_polls_cuts_the_next_backoff(
         if index == 0:
             polling.set()
             await release.wait()
-            return OrderProgress(status="pending")  # -> a 1 s durable wait, then poll again
-        return OrderProgress(status="ready")
+            return OrderProgress(status=AcmeStatus.PENDING)  # -> a 1 s durable wait, then poll again
+        return OrderProgress(status=AcmeStatus.READY)
 
     policy = FAST_POLICY.model_copy(update={"failure_backoff_initial_seconds": 3600})
     fakes = Fakes(

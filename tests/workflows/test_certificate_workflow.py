@@ -14,6 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
+from certflow.models import AcmeStatus
 from certflow.models import (
     CertificateStatus,
     CheckDnsInput,
@@ -128,8 +129,8 @@ async def test_order_polling_waits_on_durable_timers(
 ) -> None:
     async def pending_twice(index: int, _: WaitForOrderInput) -> OrderProgress:
         if index < 2:
-            return OrderProgress(status="pending", retry_after_seconds=retry_afters[index])
-        return OrderProgress(status="ready")
+            return OrderProgress(status=AcmeStatus.PENDING, retry_after_seconds=retry_afters[index])
+        return OrderProgress(status=AcmeStatus.READY)
 
     fakes = Fakes(workflow_env, behaviours={"wait_for_order": pending_twice})
     async with started(workflow_env, fakes) as run:
