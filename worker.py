@@ -1,7 +1,8 @@
 """The certflow worker: Temporal workflow and activity workers plus the HTTP-01 responder.
 
-Connects to Postgres (applying migrations) and Temporal, makes sure the ACME
-account exists, then runs until SIGTERM or SIGINT.
+:func:`build` wires everything (the ACME account, the Temporal worker and its
+activities, the schedule); :func:`serve` connects to Postgres (applying
+migrations), runs what was built until SIGTERM or SIGINT, and stops it.
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import asyncpg
 
 from temporalio.client import Client, Interceptor
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
+from activities import registry
 from activities.acme_client import AcmeClients, ensure_account
 from activities.acme_orders import AcmeActivities
 from activities.dns_checks import DnsActivities, DnsChecker
@@ -44,97 +48,95 @@ MAX_CONCURRENT_ACTIVITIES = 200
 ACME_THREADS = 32
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
+@dataclass
+class WorkerParts:
+    """What :func:`build` makes and :func:`serve` runs."""
+
+    worker: Worker
+    responder: ChallengeResponder
+    metrics: CertflowMetrics
+    metrics_enabled: bool
+    executor: ThreadPoolExecutor
+
+
+async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
+    """Everything a worker runs, wired: the ACME account, the Temporal client and
+    worker with every activity, the schedule, the responder. ConfigError for
+    anything an operator must fix, before any request is served."""
+    encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
+    try:
+        account = await ensure_account(
+            pool,
+            settings.acme_directory_url,
+            settings.acme_email,
+            encryption_key,
+            verify,
+            settings.acme_profile,
+        )
+    except DecryptionError as err:
+        raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+    runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
+    metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
+    interceptors: list[Interceptor] = []
+    if settings.otlp_endpoint:
+        configure_tracing(settings.otlp_endpoint)
+        interceptors.append(TracingInterceptor())
+    client = await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+        runtime=runtime,
+        interceptors=interceptors,
+    )
+    executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
+    searchable = await register_search_attributes(client, settings.temporal_namespace)
+    policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
+    host, port = settings.dns_resolver_address
+    worker = Worker(
+        client,
+        task_queue=settings.task_queue,
+        workflows=[CertificateWorkflow, ReconcileWorkflow, WebhookDeliveryWorkflow],
+        activities=registry.bound(
+            RecordActivities(pool, policy, settings.managed_base_domain),
+            DnsActivities(
+                DnsChecker(
+                    resolver=f"{host}:{port}",
+                    cname_target=settings.cname_target,
+                    caa_issuer_domain=settings.caa_issuer_domain,
+                ),
+                metrics,
+            ),
+            AcmeActivities(
+                AcmeClients(account),
+                pool,
+                encryption_key,
+                settings.acme_key_type,
+                executor,
+                profile=settings.acme_profile,
+                metrics=metrics,
+            ),
+            ReconcileActivities(pool, client, settings.task_queue),
+            *webhook_activities(settings),
+        ),
+        max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+        # Each certificate is a chain of short workflow tasks: five fixed pollers
+        # left them queued at the server (N=50 in bench: 6 → 10 certificates/s).
+        workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
+    )
+    if settings.reconcile_interval_seconds > 0:
+        await install_reconcile_schedule(
+            client, settings.task_queue, settings.reconcile_interval_seconds
+        )
+    return WorkerParts(worker, ChallengeResponder(pool), metrics, runtime is not None, executor)
+
+
+async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Run until stop is set; raises ConfigError for problems an operator must fix."""
     pool = await create_pool(settings.database_url, max_size=20)
     try:
         await migrate(pool)
-        encryption_key = EncryptionKey(
-            settings.encryption_key_bytes, settings.old_encryption_keys_bytes
-        )
-        verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
-        try:
-            account = await ensure_account(
-                pool,
-                settings.acme_directory_url,
-                settings.acme_email,
-                encryption_key,
-                verify,
-                settings.acme_profile,
-            )
-        except DecryptionError as err:
-            raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
-        runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
-        metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
-        interceptors: list[Interceptor] = []
-        if settings.otlp_endpoint:
-            configure_tracing(settings.otlp_endpoint)
-            interceptors.append(TracingInterceptor())
-        client = await Client.connect(
-            settings.temporal_address,
-            namespace=settings.temporal_namespace,
-            data_converter=pydantic_data_converter,
-            runtime=runtime,
-            interceptors=interceptors,
-        )
-        executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
-        acme = AcmeActivities(
-            AcmeClients(account),
-            pool,
-            encryption_key,
-            settings.acme_key_type,
-            executor,
-            profile=settings.acme_profile,
-            metrics=metrics,
-        )
-        searchable = await register_search_attributes(client, settings.temporal_namespace)
-        policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
-        records = RecordActivities(pool, policy, settings.managed_base_domain)
-        host, port = settings.dns_resolver_address
-        dns = DnsActivities(
-            DnsChecker(
-                resolver=f"{host}:{port}",
-                cname_target=settings.cname_target,
-                caa_issuer_domain=settings.caa_issuer_domain,
-            ),
-            metrics,
-        )
-        worker = Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[CertificateWorkflow, ReconcileWorkflow, WebhookDeliveryWorkflow],
-            activities=[
-                records.ensure_certificate,
-                records.persist_challenge,
-                records.record_failure,
-                records.reopen_failed,
-                records.load_certificate,
-                records.begin_renewal,
-                records.mark_expired,
-                records.cancel_certificate,
-                records.delete_certificate,
-                dns.check_dns,
-                acme.place_order,
-                acme.create_order,
-                acme.accept_challenge,
-                acme.wait_for_order,
-                acme.finalize_and_store,
-                acme.renewal_info,
-                acme.deactivate_authorizations,
-                acme.revoke_certificate,
-                acme.cooldown_remaining,
-                ReconcileActivities(pool, client, settings.task_queue).reconcile_certificates,
-                *webhook_activities(settings),
-            ],
-            max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
-            # Each certificate is a chain of short workflow tasks: five fixed pollers
-            # left them queued at the server (N=50 in bench: 6 → 10 certificates/s).
-            workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
-        )
-        if settings.reconcile_interval_seconds > 0:
-            await install_reconcile_schedule(
-                client, settings.task_queue, settings.reconcile_interval_seconds
-            )
+        parts = await build(settings, pool)
         http_host, http_port = settings.http01_address
         try:
             listener = bind_listener(http_host, http_port)
@@ -142,15 +144,16 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             raise ConfigError(
                 f"CERTFLOW_HTTP01_LISTEN: cannot listen on {settings.http01_listen}: {err.strerror}"
             ) from None
-        responder = responder_server(ChallengeResponder(pool), http_host, http_port)
+        responder = responder_server(parts.responder, http_host, http_port)
         responder_task = asyncio.create_task(
             responder.serve(sockets=[listener]), name="http01-responder"
         )
         background = []
-        if runtime is not None:
+        if parts.metrics_enabled:
             background.append(
                 asyncio.create_task(
-                    metrics.run_refresh(pool, settings.metrics_refresh_seconds), name="metrics"
+                    parts.metrics.run_refresh(pool, settings.metrics_refresh_seconds),
+                    name="metrics",
                 )
             )
         log.info(
@@ -158,7 +161,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
             extra={"task_queue": settings.task_queue, "http01": settings.http01_listen},
         )
         try:
-            async with worker:
+            async with parts.worker:
                 stopped = asyncio.create_task(stop.wait())
                 done, _ = await asyncio.wait(
                     {stopped, responder_task}, return_when=asyncio.FIRST_COMPLETED
@@ -171,17 +174,17 @@ async def run_worker(settings: Settings, stop: asyncio.Event) -> None:
                 task.cancel()
             responder.should_exit = True
             await asyncio.gather(responder_task, return_exceptions=True)
-            executor.shutdown(wait=False, cancel_futures=True)
+            parts.executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker stopped")
     finally:
         await pool.close()
 
 
-def webhook_activities(settings: Settings) -> list[Callable[..., Awaitable[None]]]:
+def webhook_activities(settings: Settings) -> list[WebhookActivities]:
     if not settings.webhook_url or settings.webhook_secret is None:
         return []
     secret = settings.webhook_secret.get_secret_value().encode()
-    return [WebhookActivities(settings.webhook_url, secret).deliver_webhook]
+    return [WebhookActivities(settings.webhook_url, secret)]
 
 
 async def main() -> int:
@@ -196,7 +199,7 @@ async def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await run_worker(settings, stop)
+        await serve(settings, stop)
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
         return 2

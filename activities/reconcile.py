@@ -8,7 +8,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from certflow import certificates
-from certflow.models import WORKFLOW_TYPE, CertificateInput, ReconcileResult, workflow_id_for
+from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
+from certflow.models import CertificateInput, ReconcileResult
 
 
 class ReconcileActivities:
@@ -23,7 +24,7 @@ class ReconcileActivities:
     async def reconcile_certificates(self) -> ReconcileResult:
         """Start a workflow for each non-canceled row that has none running."""
         running: set[str] = set()
-        query = f'WorkflowType="{WORKFLOW_TYPE}" AND ExecutionStatus="Running"'
+        query = f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
         async for execution in self._client.list_workflows(query):
             running.add(execution.id)
             activity.heartbeat()
@@ -35,7 +36,7 @@ class ReconcileActivities:
                 continue
             # Visibility lags a little: USE_EXISTING keeps a race harmless.
             await self._client.start_workflow(
-                WORKFLOW_TYPE,
+                CERTIFICATE_WORKFLOW,
                 CertificateInput(hostname=row["hostname"], tenant_id=row["tenant_id"]),
                 id=workflow_id,
                 task_queue=self._task_queue,

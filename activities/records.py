@@ -48,8 +48,9 @@ class RecordActivities:
             self._pool, input.certificate_id, input.outcome, input.message
         )
 
+    # Registered under its first name, which histories hold.
     @activity.defn(name="load_certificate")
-    async def load_certificate(self, certificate_id: str) -> CertificateRecord:
+    async def reload_record(self, certificate_id: str) -> CertificateRecord:
         """The row as it now is (CERTIFICATE_GONE when it was deleted)."""
         return await self._load(certificate_id)
 

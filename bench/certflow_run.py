@@ -16,7 +16,7 @@ from bench.pgstats import BENCH_TAG, PgStats, delta
 from bench.stack import Stack
 from bench.stats import summary
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
-from certflow.models import workflow_id_for
+from certflow.contract import workflow_id_for
 
 # The 5-minute reconcile job is not per-certificate work; it is on in the idle phase.
 ISSUE_ENV = {"CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0"}

@@ -18,7 +18,7 @@ from bench import procstat
 from bench.stack import Stack, start_temporal, temporal_pid, worker_pid
 from certflow.dev import devstack
 from certflow.settings import ClientSettings
-from starter import CertflowClient
+from certflow.client import CertflowClient
 
 CNAME_TARGET = "edge.bench.test"
 

@@ -27,8 +27,7 @@ from bench.pgstats import BENCH_TAG, PgStats, delta
 from bench.stack import Stack
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.crypto import EncryptionKey
-from certflow.models import workflow_id_for
-from certflow.schedules import reconcile_schedule_id
+from certflow.contract import reconcile_schedule_id, workflow_id_for
 
 SETTLE_SECONDS = 15.0
 STATS_FLUSH_SECONDS = 11.0

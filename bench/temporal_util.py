@@ -16,7 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from bench.stats import percentile
-from certflow.models import WORKFLOW_TYPE
+from certflow.contract import CERTIFICATE_WORKFLOW
 
 
 async def _bounded(coros: Iterable[Any], concurrency: int) -> list[Any]:
@@ -74,7 +74,7 @@ async def fetch_runs(
     deadline = time.monotonic() + timeout
     while True:
         listed = defaultdict(list)
-        async for execution in client.list_workflows(f'WorkflowType="{WORKFLOW_TYPE}"'):
+        async for execution in client.list_workflows(f'WorkflowType="{CERTIFICATE_WORKFLOW}"'):
             if execution.id in workflow_ids:
                 listed[execution.id].append((execution.run_id, execution.status))
         complete = all(len(listed.get(w, [])) >= runs_each for w in workflow_ids)

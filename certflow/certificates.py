@@ -7,12 +7,17 @@ after its commit (or racing a cancel) finds the row moved on and does nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import asyncpg
 
 from certflow.crypto import CertificateInfo
-from certflow.models import CertificateRecord, OpenedOrder, Outcome
+from certflow.models import (
+    CertificateEvent,
+    CertificateRecord,
+    CertificateState,
+    OpenedOrder,
+    Outcome,
+)
 
 _RECORD_COLUMNS = """
     c.id::text AS certificate_id, c.hostname::text AS hostname, c.tenant_id, c.status,
@@ -252,21 +257,19 @@ async def request_certificates(
     )
 
 
-async def certificate_summary(pool: asyncpg.Pool, hostname: str) -> dict[str, Any] | None:
-    """Public facts about a certificate row, for status output (no key material)."""
-    row = await pool.fetchrow(
-        """
-        SELECT id::text AS id, hostname::text AS hostname, tenant_id, status,
-               provisioning_error AS error_code, provisioning_error_message AS error_message,
-               ssl_retry_count AS retry_count, ssl_last_attempt_at AS last_attempt_at,
-               ssl_serial AS serial, ssl_not_before AS not_before, ssl_expires_at AS expires_at,
-               created_at, updated_at
-        FROM certificates WHERE hostname = $1
-        """,
-        hostname,
-    )
-    return dict(row) if row is not None else None
+_STATE_COLUMNS = """
+    hostname::text AS hostname, tenant_id, status,
+    provisioning_error AS error_code, provisioning_error_message AS error_message,
+    ssl_retry_count AS retry_count, ssl_serial AS serial, ssl_expires_at AS expires_at
+"""
 
+
+async def certificate_state(pool: asyncpg.Pool, hostname: str) -> CertificateState | None:
+    """What the product sees of a certificate row (no key material)."""
+    row = await pool.fetchrow(
+        f"SELECT {_STATE_COLUMNS} FROM certificates WHERE hostname = $1", hostname
+    )
+    return CertificateState(**dict(row)) if row is not None else None
 
 
 async def load_record(
@@ -362,19 +365,14 @@ async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> st
     return str(value) if value is not None else None
 
 
-async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> list[dict[str, Any]]:
-    """Public facts about every certificate (optionally of one status), by hostname."""
+async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> list[CertificateState]:
+    """What the product sees of every certificate (optionally of one status), by hostname."""
     rows = await pool.fetch(
-        """
-        SELECT hostname::text AS hostname, tenant_id, status,
-               provisioning_error AS error_code, provisioning_error_message AS error_message,
-               ssl_retry_count AS retry_count, ssl_serial AS serial,
-               ssl_expires_at AS expires_at, updated_at
-        FROM certificates WHERE $1::text IS NULL OR status = $1 ORDER BY hostname
-        """,
+        f"SELECT {_STATE_COLUMNS} FROM certificates"
+        " WHERE $1::text IS NULL OR status = $1 ORDER BY hostname",
         status,
     )
-    return [dict(r) for r in rows]
+    return [CertificateState(**dict(r)) for r in rows]
 
 
 async def reconcile_candidates(pool: asyncpg.Pool) -> list[asyncpg.Record]:
@@ -395,7 +393,7 @@ async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
     return [r["hostname"] for r in rows]
 
 
-async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[dict[str, Any]]:
+async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[CertificateEvent]:
     """The hostname's transitions, oldest first (the last ``limit``)."""
     rows = await pool.fetch(
         """
@@ -406,4 +404,4 @@ async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[di
         hostname,
         limit,
     )
-    return [dict(r) for r in rows]
+    return [CertificateEvent(**dict(r)) for r in rows]

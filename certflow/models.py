@@ -8,18 +8,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from certflow.errors import ErrorCode
-
-WORKFLOW_TYPE = "Certificate"
-
-
-def workflow_id_for(hostname: str) -> str:
-    """The deterministic workflow id: one workflow per hostname, single flight by construction."""
-    return f"certificate:{hostname}"
-
 
 class CertificateStatus(StrEnum):
     PENDING = "PENDING"
@@ -201,17 +194,72 @@ class DeleteRequest(Frozen):
     revoke: bool = False
 
 
+class Phase(StrEnum):
+    """What the Certificate workflow is doing (the ``phase`` of its status)."""
+
+    STARTING = "starting"
+    CHECKING_DNS = "checking DNS"
+    CREATING_ORDER = "creating order"
+    ACCEPTING_CHALLENGE = "accepting challenge"
+    POLLING_ORDER = "polling order"
+    ORDER_PENDING = "order pending; polling again"
+    ORDER_PROCESSING = "order processing; polling again"
+    FINALIZING = "finalizing"
+    ISSUED = "issued"
+    WAITING_FOR_RATE_LIMIT = "waiting for the CA's rate limit to end"
+    WAITING_FOR_DNS = "waiting for DNS to be fixed"
+    WAITING_BEFORE_RETRY = "waiting before the next attempt"
+    FAILED_WAITING = "failed; waiting for retry"
+    ASKING_RENEWAL_INFO = "asking the CA when to renew"
+    WAITING_FOR_RENEWAL = "active; waiting for the renewal time"
+    RENEWING = "renewing"
+    CANCELING = "canceling"
+    REVOKING = "revoking"
+    CANCELED = "canceled"
+    DELETED = "deleted"
+    NOT_DELETED = "canceled; not deleted: revocation failed"
+    ROW_MOVED_ON = "the certificate row moved on"
+    ROW_GONE = "the certificate row is gone"
+
+    @classmethod
+    def polling_again(cls, status: AcmeStatus) -> Phase:
+        """The wait between order checks, named by what the order still is."""
+        return cls.ORDER_PROCESSING if status is AcmeStatus.PROCESSING else cls.ORDER_PENDING
+
+
 class CertificateState(Frozen):
-    """Answer of the ``status`` query and of updates."""
+    """What the product sees of a certificate: the answer of the ``status`` query
+    and of updates (the workflow's view), and of ``CertflowClient.status`` and
+    ``list_certificates`` (the row, joined with the workflow's view when one runs)."""
 
     hostname: str
     status: CertificateStatus
-    phase: str
+    phase: Phase | None = None
+    """None when no workflow runs (the row alone)."""
     error_code: ErrorCode | None = None
     error_message: str | None = None
     retry_count: int = 0
     next_attempt_at: datetime | None = None
     expires_at: datetime | None = None
+    tenant_id: str | None = None
+    serial: str | None = None
+    workflow_id: str | None = None
+    cooldown_until: datetime | None = None
+    """When a CA rate limit holds the certificate back, until when."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON (times ISO 8601), as ``status --json`` prints it."""
+        return self.model_dump(mode="json")
+
+
+class CertificateEvent(Frozen):
+    """One transition of a certificate (``certificate_events``)."""
+
+    at: datetime
+    from_status: str | None
+    to_status: str
+    error_code: str | None
+    message: str | None
 
 
 CertificateInput.model_rebuild()

@@ -17,18 +17,12 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 
-RECONCILE_WORKFLOW_TYPE = "Reconcile"
-
-
-def reconcile_schedule_id(task_queue: str) -> str:
-    """One schedule per task queue (a namespace may host several deployments)."""
-    return f"certflow-reconcile:{task_queue}"
-
+from certflow.contract import RECONCILE_WORKFLOW, reconcile_schedule_id
 
 def _schedule(task_queue: str, every_seconds: float) -> Schedule:
     return Schedule(
         action=ScheduleActionStartWorkflow(
-            RECONCILE_WORKFLOW_TYPE, id=reconcile_schedule_id(task_queue), task_queue=task_queue
+            RECONCILE_WORKFLOW, id=reconcile_schedule_id(task_queue), task_queue=task_queue
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(seconds=every_seconds))]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),

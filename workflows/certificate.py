@@ -13,42 +13,48 @@ rate-limit cooldown.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeUpdate
-from temporalio.workflow import ParentClosePolicy
+from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.acme_orders import AcmeActivities
+    from activities.dns_checks import DnsActivities
+    from activities.records import RecordActivities
+    from certflow import search
+    from certflow.contract import (
+        CERTIFICATE_WORKFLOW,
+        WEBHOOK_DELIVERY_WORKFLOW,
+        webhook_workflow_id,
+    )
     from certflow.errors import ErrorCode
     from certflow.models import (
+        ISSUABLE,
         AcceptChallengeInput,
         CertificateInput,
-        DeleteRequest,
         CertificateRecord,
         CertificateState,
         CertificateStatus,
         CheckDnsInput,
         CreateOrderInput,
+        DeleteRequest,
         EnsureCertificateInput,
-        EnsureCertificateResult,
         FinalizeInput,
-        ISSUABLE,
         IssuedCertificate,
         OpenedOrder,
-        OrderProgress,
         PersistChallengeInput,
+        Phase,
         PlaceOrderInput,
         ProvisioningPolicy,
         RecordFailureInput,
-        OpenOrder,
         RenewalAdvice,
         WaitForOrderInput,
         WebhookEvent,
-        WORKFLOW_TYPE,
     )
     from workflows.policy import (
         DNS_CODES,
@@ -58,10 +64,17 @@ with workflow.unsafe.imports_passed_through():
         order_poll_delay,
         renewal_time,
     )
-    from workflows.webhooks import WEBHOOK_WORKFLOW_TYPE
-    from certflow import search
-
-T = TypeVar("T")
+    from workflows.steps import (
+        BEST_EFFORT,
+        CA,
+        DNS,
+        FINALIZE,
+        POSTGRES,
+        AttemptFailed,
+        failure_of,
+        order_wait,
+        run,
+    )
 
 # Patches (workflow.patched): each keeps the histories of older runs replaying.
 FOLLOW_MOVED_ROW_PATCH = "follow-moved-row"
@@ -71,97 +84,12 @@ PLACE_ORDER_PATCH = "place-order"
 persist_challenge, and the accept inside the first wait_for_order instead of
 accept_challenge: two round trips fewer per certificate."""
 
-_NOT_RETRYABLE = [str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY]
-
-@dataclass(frozen=True)
-class _Step:
-    """Timeouts and retry policy of one kind of activity."""
-
-    start_to_close: timedelta
-    retry: RetryPolicy
-    heartbeat: timedelta | None = None
-
-
-# Postgres steps retry until Postgres is back: nothing is decided by their failure.
-_POSTGRES = _Step(
-    timedelta(seconds=30),
-    RetryPolicy(
-        initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
-    ),
-)
-# Short faults (resets, 5xx, badNonce, timeouts) are absorbed for a few seconds
-# before they count as one failed attempt.
-_CA_RETRY = RetryPolicy(
-    initial_interval=timedelta(milliseconds=500),
-    maximum_interval=timedelta(seconds=4),
-    maximum_attempts=4,
-    non_retryable_error_types=_NOT_RETRYABLE,
-)
-_DNS = _Step(timedelta(seconds=60), _CA_RETRY)
-# Single CA exchanges: short, so a worker killed mid-call is noticed quickly.
-_CA = _Step(timedelta(seconds=20), _CA_RETRY)
-_FINALIZE = _Step(timedelta(seconds=90), _CA_RETRY, heartbeat=timedelta(seconds=10))
-_BEST_EFFORT = _Step(timedelta(seconds=20), RetryPolicy(maximum_attempts=3))
-
-
-# What each activity shows in the Temporal UI.
-_SUMMARIES = {
-    "ensure_certificate": "reading the certificate row",
-    "check_dns": "checking CNAME and CAA",
-    "create_order": "creating the ACME order",
-    "place_order": "creating the ACME order and storing its challenge",
-    "persist_challenge": "storing the HTTP-01 challenge",
-    "accept_challenge": "asking the CA to validate",
-    "wait_for_order": "polling the order",
-    "finalize_and_store": "finalizing and storing the certificate",
-    "record_failure": "recording the failure",
-    "load_certificate": "re-reading the certificate row",
-    "renewal_info": "asking the CA when to renew (ARI)",
-    "cooldown_remaining": "checking the CA rate-limit cooldown",
-}
-
-
-async def _run(step: _Step, activity: str, arg: Any, result_type: type[T]) -> T:
-    result: T = await workflow.execute_activity(
-        activity,
-        arg,
-        result_type=result_type,
-        start_to_close_timeout=step.start_to_close,
-        heartbeat_timeout=step.heartbeat,
-        retry_policy=step.retry,
-        summary=_SUMMARIES.get(activity, activity.replace("_", " ")),
-    )
-    return result
-
 
 class _Stopped(Exception):
     """Cancel or delete was requested while an attempt ran."""
 
 
-class _AttemptFailed(Exception):
-    def __init__(self, code: ErrorCode, message: str, retry_after: float | None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.retry_after = retry_after
-
-
-def _failure_of(err: ActivityError) -> _AttemptFailed:
-    cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type and cause.type in ErrorCode.__members__:
-        details: dict[str, Any] = {}
-        if cause.details and isinstance(cause.details[0], dict):
-            details = cause.details[0]
-        return _AttemptFailed(
-            ErrorCode(cause.type),
-            str(details.get("message") or cause.message),
-            details.get("retry_after_seconds"),
-        )
-    reason = str(cause or err)
-    return _AttemptFailed(ErrorCode.ACME_TEMPORARY, f"{err.activity_type} failed: {reason}", None)
-
-
-@workflow.defn(name=WORKFLOW_TYPE)
+@workflow.defn(name=CERTIFICATE_WORKFLOW)
 class CertificateWorkflow:
     """Issues, renews and finally cancels or deletes the certificate of one hostname."""
 
@@ -171,7 +99,7 @@ class CertificateWorkflow:
         # Carried over a continue-as-new, so queries and updates are answered
         # right away in the new run, before the row is read again.
         self._current: CertificateRecord | None = input.carried
-        self._phase_text = "starting"
+        self._phase = Phase.STARTING
         self._next_attempt_at: datetime | None = None
         self._retry_requested = False
         self._renew_requested = False
@@ -182,37 +110,30 @@ class CertificateWorkflow:
         self._retry_cuts_wait = False
         self._published: tuple[object, ...] | None = None
 
-    # Every change of what the product sees is also shown in the Temporal UI.
-
     @property
-    def _record(self) -> CertificateRecord | None:
+    def _record(self) -> CertificateRecord:
+        """The row as this run knows it (read at the start of every run)."""
+        assert self._current is not None
         return self._current
 
-    @_record.setter
-    def _record(self, record: CertificateRecord | None) -> None:
+    def _set_record(self, record: CertificateRecord) -> None:
         self._current = record
         self._publish()
 
-    @property
-    def _phase(self) -> str:
-        return self._phase_text
-
-    @_phase.setter
-    def _phase(self, phase: str) -> None:
-        self._phase_text = phase
+    def _enter(self, phase: Phase) -> None:
+        self._phase = phase
         self._publish()
 
     # -- the lifecycle -----------------------------------------------------------
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
-        ensured = await _run(
-            _POSTGRES,
-            "ensure_certificate",
+        ensured = await run(
+            POSTGRES,
+            RecordActivities.ensure_certificate,
             EnsureCertificateInput(hostname=input.hostname, tenant_id=input.tenant_id),
-            EnsureCertificateResult,
         )
-        self._record = ensured.record
+        self._set_record(ensured.record)
         self._policy = policy = ensured.policy
         dns_failures = 0
         while True:
@@ -220,7 +141,7 @@ class CertificateWorkflow:
             if self._stop is not None:
                 return await self._finish_stop(self._stop)
             if record.status is CertificateStatus.CANCELED:
-                return await self._end("canceled")
+                return await self._end(Phase.CANCELED)
             if record.status is CertificateStatus.ACTIVE:
                 await self._wait_for_renewal()
                 if self._stop is None:
@@ -229,7 +150,7 @@ class CertificateWorkflow:
             if record.status is CertificateStatus.FAILED:
                 await self._wait_failed(policy)
                 if self._stop is None and not await self._reopen_failed():
-                    return await self._end("the certificate row moved on")
+                    return await self._end(Phase.ROW_MOVED_ON)
                 continue
             await self._expire_if_lapsed()
             await self._warn_if_expiring()
@@ -238,17 +159,17 @@ class CertificateWorkflow:
                 issued = await self._issue(self._record, policy)
             except _Stopped:
                 continue
-            except _AttemptFailed as failure:
+            except AttemptFailed as failure:
                 dns_failures = dns_failures + 1 if failure.code in DNS_CODES else 0
                 if not await self._record_failure(failure, policy):
                     if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
-                        return await self._end("the certificate row moved on")
+                        return await self._end(Phase.ROW_MOVED_ON)
                     if not await self._follow_moved_row(renewal):
-                        return await self._end("the certificate row is gone")
+                        return await self._end(Phase.ROW_GONE)
                     continue
                 await self._wait_after(failure, policy, dns_failures)
                 continue
-            self._record = self._record.model_copy(
+            self._set_record(self._record.model_copy(
                 update={
                     "status": CertificateStatus.ACTIVE,
                     "error_code": None,
@@ -259,8 +180,8 @@ class CertificateWorkflow:
                     "not_before": issued.not_before,
                     "expires_at": issued.not_after,
                 }
-            )
-            self._phase = "issued"
+            ))
+            self._enter(Phase.ISSUED)
             await self._notify("renewed" if renewal else "issued", serial=issued.serial_hex)
             # Answer pending updates before this run hands over to the next.
             self._retry_requested = self._renew_requested = False
@@ -275,25 +196,24 @@ class CertificateWorkflow:
             accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
             if order_url is None:
                 if not record.skips_dns:
-                    self._phase = "checking DNS"
-                    await _run(_DNS, "check_dns", CheckDnsInput(hostname=record.hostname), type(None))
+                    self._enter(Phase.CHECKING_DNS)
+                    await run(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname))
                     self._check_stop()
-                self._phase = "creating order"
+                self._enter(Phase.CREATING_ORDER)
                 accept_first = workflow.patched(PLACE_ORDER_PATCH)
                 if accept_first:
-                    order = await _run(
-                        _CA,
-                        "place_order",
+                    order = await run(
+                        CA,
+                        AcmeActivities.place_order,
                         PlaceOrderInput(
                             certificate_id=record.certificate_id, hostname=record.hostname
                         ),
-                        OpenedOrder,
                     )
                 else:
                     order = await self._create_and_persist_order(record)
                 order_url, challenge_url = order.order_url, order.challenge_url
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-                self._record = record = record.model_copy(
+                record = record.model_copy(
                     update={
                         "order_url": order_url,
                         "challenge_url": challenge_url,
@@ -302,46 +222,42 @@ class CertificateWorkflow:
                         "error_message": None,
                     }
                 )
+                self._set_record(record)
                 self._check_stop()
                 if not accept_first:
-                    self._phase = "accepting challenge"
-                    await _run(
-                        _CA,
-                        "accept_challenge",
+                    self._enter(Phase.ACCEPTING_CHALLENGE)
+                    await run(
+                        CA,
+                        AcmeActivities.accept_challenge,
                         AcceptChallengeInput(challenge_url=challenge_url),
-                        type(None),
                     )
             await self._wait_for_order(order_url, challenge_url, policy, accept_first)
             self._check_stop()  # a cancel during polling must not issue a certificate
-            self._phase = "finalizing"
-            return await _run(
-                _FINALIZE,
-                "finalize_and_store",
+            self._enter(Phase.FINALIZING)
+            return await run(
+                FINALIZE,
+                AcmeActivities.finalize_and_store,
                 FinalizeInput(
                     certificate_id=record.certificate_id,
                     hostname=record.hostname,
                     order_url=order_url,
                 ),
-                IssuedCertificate,
             )
         except ActivityError as err:
             if self._stop is not None:
                 raise _Stopped() from None
-            raise _failure_of(err) from None
+            raise failure_of(err) from None
 
     async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
         """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
-        order = await _run(
-            _CA, "create_order", CreateOrderInput(hostname=record.hostname), OpenedOrder
-        )
-        persisted = await _run(
-            _POSTGRES,
-            "persist_challenge",
+        order = await run(CA, AcmeActivities.create_order, CreateOrderInput(hostname=record.hostname))
+        persisted = await run(
+            POSTGRES,
+            RecordActivities.persist_challenge,
             PersistChallengeInput(certificate_id=record.certificate_id, order=order),
-            bool,
         )
         if not persisted:
-            raise _AttemptFailed(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None)
+            raise AttemptFailed(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None)
         return order
 
     async def _wait_for_order(
@@ -356,33 +272,27 @@ class CertificateWorkflow:
         attempt = 0
         while True:
             self._check_stop()
-            self._phase = "polling order"
-            progress = await _run(
-                _Step(
-                    timedelta(seconds=policy.order_fast_poll_seconds + 30),
-                    _CA_RETRY,
-                    heartbeat=timedelta(seconds=10),
-                ),
-                "wait_for_order",
+            self._enter(Phase.POLLING_ORDER)
+            progress = await run(
+                order_wait(policy.order_fast_poll_seconds),
+                AcmeActivities.wait_for_order,
                 WaitForOrderInput(
                     order_url=order_url,
                     challenge_url=challenge_url,
                     within_seconds=policy.order_fast_poll_seconds,
                     accept_first=accept_first and attempt == 0,
                 ),
-                OrderProgress,
             )
             if progress.status in ISSUABLE:
                 return
             delay = order_poll_delay(attempt, progress.retry_after_seconds)
             attempt += 1
-            self._phase = f"order {progress.status}; polling again"
+            self._enter(Phase.polling_again(progress.status))
             # The CA's pacing (Retry-After) is honoured even against "retry now".
             await self._sleep(delay, interruptible=False)
 
-    async def _record_failure(self, failure: _AttemptFailed, policy: ProvisioningPolicy) -> bool:
+    async def _record_failure(self, failure: AttemptFailed, policy: ProvisioningPolicy) -> bool:
         record = self._record
-        assert record is not None
         outcome = decide_outcome(
             record.status,
             record.retry_count,
@@ -390,16 +300,15 @@ class CertificateWorkflow:
             failure.code,
             policy.max_failures,
         )
-        applied = await _run(
-            _POSTGRES,
-            "record_failure",
+        applied = await run(
+            POSTGRES,
+            RecordActivities.record_failure,
             RecordFailureInput(
                 certificate_id=record.certificate_id, outcome=outcome, message=failure.message
             ),
-            bool,
         )
         keep = outcome.keep_order
-        self._record = record.model_copy(
+        self._set_record(record.model_copy(
             update={
                 "status": outcome.status,
                 "retry_count": outcome.retry_count,
@@ -408,7 +317,7 @@ class CertificateWorkflow:
                 "order_url": record.order_url if keep else None,
                 "challenge_url": record.challenge_url if keep else None,
             }
-        )
+        ))
         if applied and outcome.status is CertificateStatus.FAILED:
             await self._notify("failed")
         return applied
@@ -418,34 +327,32 @@ class CertificateWorkflow:
         earlier try of finalize_and_store stored the certificate and its result was
         lost: carry on from the row as it is. False when it was deleted."""
         record = self._record
-        assert record is not None
         try:
-            reread = await _run(_POSTGRES, "load_certificate", record.certificate_id, CertificateRecord)
+            reread = await run(POSTGRES, RecordActivities.reload_record, record.certificate_id)
         except ActivityError:
             return False
-        self._record = reread
+        self._set_record(reread)
         if reread.status is CertificateStatus.ACTIVE:
-            self._phase = "issued"
+            self._enter(Phase.ISSUED)
             await self._notify("renewed" if renewal else "issued")
         return True
 
     async def _wait_after(
-        self, failure: _AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
+        self, failure: AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
     ) -> None:
         record = self._record
-        assert record is not None
         if record.status is CertificateStatus.FAILED:
             return
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
-            self._phase = "waiting for the CA's rate limit to end"
+            self._enter(Phase.WAITING_FOR_RATE_LIMIT)
             # Retry-After 0 means "now", but a CA repeating it must not spin us.
             await self._wait_for_cooldown(self._capped(max(failure.retry_after or 0.0, 1.0)))
             return
         if failure.code in DNS_CODES:
-            self._phase = "waiting for DNS to be fixed"
+            self._enter(Phase.WAITING_FOR_DNS)
             delay = dns_recheck_delay(dns_failures, policy)
         else:
-            self._phase = "waiting before the next attempt"
+            self._enter(Phase.WAITING_BEFORE_RETRY)
             delay = failure_backoff(record.retry_count, policy)
         await self._sleep(self._capped(delay), interruptible=True)
 
@@ -453,7 +360,6 @@ class CertificateWorkflow:
         """During a renewal, wake when the old certificate lapses (to show EXPIRED on
         time) and when it starts expiring soon (to tell the product)."""
         record = self._record
-        assert record is not None
         if record.status is CertificateStatus.RENEWING and record.expires_at is not None:
             for moment in (record.expires_at, self._expiring_soon_at()):
                 if moment is not None and moment > workflow.now():
@@ -465,9 +371,8 @@ class CertificateWorkflow:
         only makes the workflow look at the shared cooldown again: it never goes on
         while one is in force."""
         record = self._record
-        assert record is not None
         while await self._sleep(seconds, interruptible=True):
-            seconds = await _run(_POSTGRES, "cooldown_remaining", record.hostname, float)
+            seconds = await run(POSTGRES, AcmeActivities.cooldown_remaining, record.hostname)
             if seconds <= 0:
                 return
 
@@ -481,7 +386,6 @@ class CertificateWorkflow:
         """An 'expiring_soon' event once a renewal has not succeeded by then."""
         moment = self._expiring_soon_at()
         record = self._record
-        assert record is not None
         renewing = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
         if moment is not None and renewing and workflow.now() >= moment:
             self._warned_expiring = True
@@ -495,7 +399,7 @@ class CertificateWorkflow:
             return
         event_id = str(workflow.uuid4())
         await workflow.start_child_workflow(
-            WEBHOOK_WORKFLOW_TYPE,
+            WEBHOOK_DELIVERY_WORKFLOW,
             WebhookEvent(
                 event_id=event_id,
                 event=event,
@@ -508,12 +412,12 @@ class CertificateWorkflow:
                 expires_at=record.expires_at,
                 occurred_at=workflow.now(),
             ),
-            id=f"webhook:{record.hostname}:{event_id}",
+            id=webhook_workflow_id(record.hostname, event_id),
             parent_close_policy=ParentClosePolicy.ABANDON,
         )
 
     async def _wait_failed(self, policy: ProvisioningPolicy) -> None:
-        self._phase = "failed; waiting for retry"
+        self._enter(Phase.FAILED_WAITING)
         if policy.failed_retry_seconds > 0:
             await self._sleep(policy.failed_retry_seconds, interruptible=True)
         else:
@@ -527,27 +431,24 @@ class CertificateWorkflow:
 
     async def _reopen_failed(self) -> bool:
         record = self._record
-        assert record is not None
         try:
-            reopened = await _run(
-                _POSTGRES, "reopen_failed", record.certificate_id, CertificateRecord
-            )
+            reopened = await run(POSTGRES, RecordActivities.reopen_failed, record.certificate_id)
         except ActivityError:
             return False  # the row is gone
-        self._record = reopened
+        self._set_record(reopened)
         return reopened.status is not CertificateStatus.FAILED
 
     async def _wait_for_renewal(self) -> None:
         """Sleep until the renewal time (ARI window when the CA offers one), or renew/stop."""
         record = self._record
-        assert record is not None and record.not_before and record.expires_at
+        assert record.not_before and record.expires_at
         fraction = workflow.random().random()
         while self._stop is None and not self._renew_requested:
             if workflow.info().is_continue_as_new_suggested():
                 break  # the next run starts this wait afresh with a short history
-            self._phase = "asking the CA when to renew"
+            self._enter(Phase.ASKING_RENEWAL_INFO)
             try:
-                advice = await _run(_CA, "renewal_info", record.certificate_id, RenewalAdvice)
+                advice = await run(CA, AcmeActivities.renewal_info, record.certificate_id)
             except ActivityError:
                 # ARI is advice: without it the lifetime rule applies; ask again later.
                 advice = RenewalAdvice(recheck_after_seconds=3600)
@@ -561,7 +462,7 @@ class CertificateWorkflow:
             wake = renew_at
             if advice.recheck_after_seconds:
                 wake = min(wake, now + timedelta(seconds=advice.recheck_after_seconds))
-            self._phase = "active; waiting for the renewal time"
+            self._enter(Phase.WAITING_FOR_RENEWAL)
             self._next_attempt_at = renew_at
             self._publish()
             try:
@@ -583,65 +484,64 @@ class CertificateWorkflow:
 
     async def _begin_renewal(self) -> None:
         record = self._record
-        assert record is not None
         self._renew_requested = False
-        self._phase = "renewing"
-        renewing = await _run(_POSTGRES, "begin_renewal", record.certificate_id, bool)
-        self._record = record.model_copy(
+        self._enter(Phase.RENEWING)
+        renewing = await run(POSTGRES, RecordActivities.begin_renewal, record.certificate_id)
+        self._set_record(record.model_copy(
             update={"status": CertificateStatus.RENEWING if renewing else record.status}
-        )
+        ))
         if not renewing:
-            refreshed = await _run(
-                _POSTGRES,
-                "ensure_certificate",
+            refreshed = await run(
+                POSTGRES,
+                RecordActivities.ensure_certificate,
                 EnsureCertificateInput(hostname=record.hostname, tenant_id=record.tenant_id),
-                EnsureCertificateResult,
             )
-            self._record = refreshed.record
+            self._set_record(refreshed.record)
 
     async def _expire_if_lapsed(self) -> None:
         record = self._record
-        assert record is not None
         if (
             record.status is CertificateStatus.RENEWING
             and record.expires_at is not None
             and workflow.now() >= record.expires_at
         ):
-            if await _run(_POSTGRES, "mark_expired", record.certificate_id, bool):
-                self._record = record.model_copy(update={"status": CertificateStatus.EXPIRED})
+            if await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id):
+                self._set_record(record.model_copy(update={"status": CertificateStatus.EXPIRED}))
 
     async def _finish_stop(self, stop: _StopRequest) -> CertificateState:
         """Cancel (and for delete: revoke if asked, then remove the rows)."""
         record = self._record
-        assert record is not None
-        self._phase = "canceling"
-        open_order = await _run(_POSTGRES, "cancel_certificate", record.certificate_id, OpenOrder)
-        self._record = record = record.model_copy(
+        self._enter(Phase.CANCELING)
+        open_order = await run(POSTGRES, RecordActivities.cancel_certificate, record.certificate_id)
+        record = record.model_copy(
             update={"status": CertificateStatus.CANCELED, "order_url": None, "challenge_url": None}
         )
+        self._set_record(record)
         if open_order.order_url:
             try:
-                await _run(_BEST_EFFORT, "deactivate_authorizations", open_order.order_url, type(None))
+                await run(
+                    BEST_EFFORT, AcmeActivities.deactivate_authorizations, open_order.order_url
+                )
             except ActivityError:
                 workflow.logger.warning("could not deactivate the open authorization")
         await self._notify("canceled")
         if stop.delete:
             if stop.revoke and record.expires_at is not None:
-                self._phase = "revoking"
+                self._enter(Phase.REVOKING)
                 try:
-                    await _run(_CA, "revoke_certificate", record.certificate_id, type(None))
+                    await run(CA, AcmeActivities.revoke_certificate, record.certificate_id)
                 except ActivityError as err:
-                    failure = _failure_of(err)
-                    self._record = record.model_copy(
+                    failure = failure_of(err)
+                    self._set_record(record.model_copy(
                         update={"error_code": failure.code, "error_message": failure.message}
-                    )
-                    return await self._end("canceled; not deleted: revocation failed")
-            await _run(_POSTGRES, "delete_certificate", record.certificate_id, bool)
-            return await self._end("deleted")
-        return await self._end("canceled")
+                    ))
+                    return await self._end(Phase.NOT_DELETED)
+            await run(POSTGRES, RecordActivities.delete_certificate, record.certificate_id)
+            return await self._end(Phase.DELETED)
+        return await self._end(Phase.CANCELED)
 
-    async def _end(self, phase: str) -> CertificateState:
-        self._phase = phase
+    async def _end(self, phase: Phase) -> CertificateState:
+        self._enter(phase)
         self._stopped = True
         self._retry_requested = self._renew_requested = False
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -649,7 +549,12 @@ class CertificateWorkflow:
 
     def _publish(self) -> None:
         """Show the state in the Temporal UI: search attributes (when the worker
-        registered them) and the workflow's current details. Nothing secret."""
+        registered them) and the workflow's current details. Nothing secret.
+
+        Called after every change of the record or the phase (``_set_record``,
+        ``_enter``) and of the next wake-up. The attributes are upserted only when
+        what they show changed; the first upsert of a run happens at its first
+        change after the policy was read, and histories depend on that moment."""
         record = self._current
         if record is None:
             return
@@ -670,7 +575,7 @@ class CertificateWorkflow:
             if shown != self._published:
                 self._published = shown
                 workflow.upsert_search_attributes(updates)
-        details = [f"**{record.status}** — {self._phase_text}"]
+        details = [f"**{record.status}** — {self._phase}"]
         if self._next_attempt_at is not None:
             details.append(f"next: {self._next_attempt_at:%Y-%m-%d %H:%M:%S} UTC")
         if record.error_code:
@@ -681,7 +586,6 @@ class CertificateWorkflow:
 
     def _next_run_input(self) -> CertificateInput:
         record = self._record
-        assert record is not None
         return CertificateInput(hostname=record.hostname, tenant_id=record.tenant_id, carried=record)
 
     def _check_stop(self) -> None:
@@ -702,7 +606,7 @@ class CertificateWorkflow:
             await workflow.wait_condition(
                 lambda: self._stop is not None or (interruptible and self._retry_requested),
                 timeout=timedelta(seconds=seconds),
-                timeout_summary=f"{self._phase_text} until {self._next_attempt_at:%H:%M:%S} UTC",
+                timeout_summary=f"{self._phase} until {self._next_attempt_at:%H:%M:%S} UTC",
             )
             retried = self._stop is None
         except asyncio.TimeoutError:
@@ -717,7 +621,7 @@ class CertificateWorkflow:
     # -- what the product and operators see and do -------------------------------
 
     def _state(self) -> CertificateState:
-        record = self._record
+        record = self._current
         if record is None:
             return CertificateState(
                 hostname=self._hostname, status=CertificateStatus.PENDING, phase=self._phase
@@ -747,7 +651,7 @@ class CertificateWorkflow:
     @workflow.update(name="retry")
     async def retry_update(self) -> CertificateState:
         """Retry now; answers the state once the wait was cut short."""
-        await workflow.wait_condition(lambda: self._record is not None)
+        await workflow.wait_condition(lambda: self._current is not None)
         self._check_retry()
         self._retry_requested = True
         # Answer once the wait it cuts short has ended; during a step, or a wait that
@@ -767,12 +671,11 @@ class CertificateWorkflow:
     @retry_update.validator
     def _validate_retry(self) -> None:
         self._reject_when_stopping("retry")
-        if self._record is not None:  # else the handler decides once the row is read
+        if self._current is not None:  # else the handler decides once the row is read
             self._check_retry()
 
     def _check_retry(self) -> None:
         record = self._record
-        assert record is not None
         if record.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
             hint = "; use renew to renew it now" if record.status is CertificateStatus.ACTIVE else ""
             raise ApplicationError(
@@ -787,7 +690,7 @@ class CertificateWorkflow:
     @workflow.update(name="renew")
     async def renew_update(self) -> CertificateState:
         """Renew now; answers once the renewal has started."""
-        await workflow.wait_condition(lambda: self._record is not None)
+        await workflow.wait_condition(lambda: self._current is not None)
         self._check_renew()
         self._renew_requested = True
         await workflow.wait_condition(lambda: not self._renew_requested or self._stopped)
@@ -796,12 +699,11 @@ class CertificateWorkflow:
     @renew_update.validator
     def _validate_renew(self) -> None:
         self._reject_when_stopping("renew")
-        if self._record is not None:  # else the handler decides once the row is read
+        if self._current is not None:  # else the handler decides once the row is read
             self._check_renew()
 
     def _check_renew(self) -> None:
         record = self._record
-        assert record is not None
         if record.status is not CertificateStatus.ACTIVE:
             raise ApplicationError(
                 f"nothing to renew: {record.hostname} is {record.status};"

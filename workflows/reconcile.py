@@ -11,19 +11,19 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.reconcile import ReconcileActivities
     from certflow.models import ReconcileResult
-    from certflow.schedules import RECONCILE_WORKFLOW_TYPE
+    from certflow.contract import RECONCILE_WORKFLOW
 
 
-@workflow.defn(name=RECONCILE_WORKFLOW_TYPE)
+@workflow.defn(name=RECONCILE_WORKFLOW)
 class ReconcileWorkflow:
     """One reconcile pass."""
 
     @workflow.run
     async def run(self) -> ReconcileResult:
-        result: ReconcileResult = await workflow.execute_activity(
-            "reconcile_certificates",
-            result_type=ReconcileResult,
+        result: ReconcileResult = await workflow.execute_activity_method(
+            ReconcileActivities.reconcile_certificates,
             start_to_close_timeout=timedelta(minutes=10),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),

@@ -13,20 +13,21 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.webhooks import WebhookActivities
+    from certflow.contract import WEBHOOK_DELIVERY_WORKFLOW
     from certflow.models import WebhookEvent
 
-WEBHOOK_WORKFLOW_TYPE = "WebhookDelivery"
 DELIVERY_DEADLINE = timedelta(days=3)
 
 
-@workflow.defn(name=WEBHOOK_WORKFLOW_TYPE)
+@workflow.defn(name=WEBHOOK_DELIVERY_WORKFLOW)
 class WebhookDeliveryWorkflow:
     """Retries the POST with backoff up to an hour apart, for up to three days."""
 
     @workflow.run
     async def run(self, event: WebhookEvent) -> None:
-        await workflow.execute_activity(
-            "deliver_webhook",
+        await workflow.execute_activity_method(
+            WebhookActivities.deliver_webhook,
             event,
             start_to_close_timeout=timedelta(seconds=30),
             schedule_to_close_timeout=DELIVERY_DEADLINE,

@@ -40,7 +40,8 @@ def _port_free(port: int) -> bool:
 
 def run_demo(*, keep_running: bool = True) -> int:
     """Run the demo; returns the process exit code (0 when all three are ACTIVE)."""
-    from starter import CertflowClient, _print_table
+    from certflow.cli import print_table
+    from certflow.client import CertflowClient
 
     workdir = Path(tempfile.mkdtemp(prefix="certflow-demo-"))
     stopping: list[object] = []
@@ -78,7 +79,7 @@ def run_demo(*, keep_running: bool = True) -> int:
                 print(f"requested {len(hostnames)} certificates; waiting…", flush=True)
                 reports = await client.wait(hostnames, DEMO_WAIT_SECONDS)
                 print(f"\nafter {time.monotonic() - started:.1f} s:")
-                _print_table(list(reports.values()), hostnames)
+                print_table(list(reports.values()), hostnames)
                 return all(r is not None and r.status == "ACTIVE" for r in reports.values())
             finally:
                 await client.close()

@@ -23,9 +23,9 @@ from certflow.dev import devstack
 from certflow.crypto import EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.models import OpenedOrder
-from certflow.schedules import reconcile_schedule_id
+from certflow.contract import reconcile_schedule_id
 from certflow.settings import ClientSettings
-from starter import CertflowClient
+from certflow.client import CertflowClient
 
 CNAME_TARGET = "edge.saas.test"
 

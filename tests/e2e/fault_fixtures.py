@@ -33,7 +33,8 @@ from temporalio.client import WorkflowExecutionStatus
 from certflow.dev import devstack
 from certflow.dev.faultproxy import FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
-from starter import CertflowClient, CertificateStatusReport
+from certflow.client import CertflowClient
+from certflow.models import CertificateState
 
 ROOT = Path(__file__).resolve().parents[2]
 CNAME_TARGET = "edge.saas.test"
@@ -258,12 +259,12 @@ async def fault_client(fault_stack: Stack) -> AsyncIterator[CertflowClient]:
 async def wait_for(
     client: CertflowClient,
     hostname: str,
-    predicate: Callable[[CertificateStatusReport], bool],
+    predicate: Callable[[CertificateState], bool],
     timeout: float = 60.0,
     *,
-    seen: list[CertificateStatusReport] | None = None,
+    seen: list[CertificateState] | None = None,
     poll: float = 0.05,
-) -> CertificateStatusReport:
+) -> CertificateState:
     """Poll ``status`` until predicate holds; every report is appended to ``seen``."""
     deadline = time.monotonic() + timeout
     report = None
@@ -281,7 +282,7 @@ async def wait_for(
 
 async def wait_all_active(
     client: CertflowClient, hostnames: list[str], timeout: float
-) -> dict[str, CertificateStatusReport]:
+) -> dict[str, CertificateState]:
     deadline = time.monotonic() + timeout
     while True:
         reports = {h: await client.status(h) for h in hostnames}

@@ -33,7 +33,7 @@ from certflow.models import (
     WaitForOrderInput,
 )
 from certflow.settings import KeyType
-from starter import CertflowClient
+from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e

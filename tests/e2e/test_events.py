@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from starter import CertflowClient
+from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment
 
 pytestmark = pytest.mark.e2e
@@ -31,24 +31,24 @@ async def test_events_follow_the_certificate(
     await client.request([hostname])
 
     async def dns_failed() -> bool:
-        return any(e["error_code"] == "DNS_CNAME" for e in await client.events(hostname))
+        return any(e.error_code == "DNS_CNAME" for e in await client.events(hostname))
 
     await _until(dns_failed)
     deployment.pebble.set_cname(hostname, "edge.saas.test")
 
     async def active() -> bool:
-        return any(e["to_status"] == "ACTIVE" for e in await client.events(hostname))
+        return any(e.to_status == "ACTIVE" for e in await client.events(hostname))
 
     await _until(active)
     events = await client.events(hostname)
-    steps = [(e["from_status"], e["to_status"], e["error_code"]) for e in events]
+    steps = [(e.from_status, e.to_status, e.error_code) for e in events]
     assert steps[0] == (None, "PENDING", None)
     assert ("PENDING", "PENDING", "DNS_CNAME") in steps
     assert ("PENDING", "PROVISIONING", None) in steps
     assert steps[-1] == ("PROVISIONING", "ACTIVE", None)
     serial = await db.fetchval("SELECT ssl_serial FROM certificates WHERE hostname = $1", hostname)
-    assert events[-1]["message"].startswith(f"issued certificate {serial}")
-    assert [e["at"] for e in events] == sorted(e["at"] for e in events)
+    assert (events[-1].message or "").startswith(f"issued certificate {serial}")
+    assert [e.at for e in events] == sorted(e.at for e in events)
 
     result = subprocess.run(
         [sys.executable, "starter.py", "events", hostname],

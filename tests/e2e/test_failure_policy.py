@@ -21,7 +21,8 @@ import pytest
 from certflow import cooldown
 from certflow.dev import devstack
 from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy
-from starter import ActionRejectedError, CertflowClient, CertificateStatusReport
+from certflow.client import ActionRejectedError, CertflowClient
+from certflow.models import CertificateState
 from tests.e2e.fault_fixtures import (
     CNAME_TARGET,
     Stack,
@@ -56,7 +57,7 @@ async def stack(fault_stack: Stack, fault_client: CertflowClient) -> Stack:
     return fault_stack
 
 
-def _waiting_for_rate_limit(report: CertificateStatusReport) -> bool:
+def _waiting_for_rate_limit(report: CertificateState) -> bool:
     # status() reads the row, then queries the workflow: wait until both say so.
     return report.phase == WAITING_FOR_RATE_LIMIT and report.error_code is not None
 
@@ -257,7 +258,7 @@ async def test_short_ca_faults_are_absorbed_by_activity_retries(
     proxy.inject(endpoint, *faults)
     started = time.monotonic()
     await fault_client.request([hostname])
-    seen: list[CertificateStatusReport] = []
+    seen: list[CertificateState] = []
     report = await wait_for(fault_client, hostname, lambda r: r.status == "ACTIVE", timeout=45, seen=seen)
     elapsed = time.monotonic() - started
     assert report.retry_count == 0 and report.error_code is None, describe(report)
@@ -325,7 +326,7 @@ async def test_429_retry_after_zero_means_now_and_records_no_cooldown(
     proxy.inject(Endpoint.NEW_ORDER, Fault.rate_limited("0"))
     started = time.monotonic()
     await fault_client.request([hostname])
-    seen: list[CertificateStatusReport] = []
+    seen: list[CertificateState] = []
     report = await wait_for(fault_client, hostname, lambda r: r.status == "ACTIVE", timeout=30, seen=seen)
     elapsed = time.monotonic() - started
     assert report.retry_count == 0 and report.error_code is None
@@ -562,7 +563,7 @@ async def test_three_invalid_orders_fail_then_retry_issues(
     stack.pebble.add_a(hostname, ["127.0.0.9"])  # nothing listens there: connection refused
     started = time.monotonic()
     await fault_client.request([hostname])
-    seen: list[CertificateStatusReport] = []
+    seen: list[CertificateState] = []
     report = await wait_for(fault_client, hostname, lambda r: r.status == "FAILED", timeout=60, seen=seen)
     failed_after = time.monotonic() - started
     assert report.error_code == "ACME_FAILED" and report.retry_count == 3, describe(report)

@@ -32,7 +32,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from certflow import certificates
 from certflow.hostnames import InvalidHostnameError
 from certflow.responder import REQUEST_RECEIPT_SECONDS
-from starter import CertflowClient
+from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e

@@ -42,7 +42,8 @@ from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, start_fault_pro
 from certflow.models import CertificateState
 from certflow.serving import SniCertificates
 from certflow.settings import ClientSettings
-from starter import CertflowClient, CertificateStatusReport
+from certflow.client import CertflowClient
+from certflow.models import CertificateState
 from tests.e2e.conftest import Deployment
 from workflows.policy import renewal_time
 
@@ -60,10 +61,10 @@ SPKI = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyI
 async def _wait_for(
     client: CertflowClient,
     hostname: str,
-    predicate: Callable[[CertificateStatusReport], bool],
+    predicate: Callable[[CertificateState], bool],
     timeout: float = WAIT,
     what: str = "condition",
-) -> CertificateStatusReport:
+) -> CertificateState:
     deadline = time.monotonic() + timeout
     while True:
         report = await client.status(hostname)
@@ -80,13 +81,13 @@ async def _row(db: asyncpg.Pool, hostname: str) -> asyncpg.Record:
     return row
 
 
-def _settled_active(report: CertificateStatusReport) -> bool:
+def _settled_active(report: CertificateState) -> bool:
     """ACTIVE, and the workflow's current run has loaded it and waits for the renewal
     time."""
     return report.status == "ACTIVE" and "renewal time" in (report.phase or "")
 
 
-async def _issue(client: CertflowClient, hostname: str) -> CertificateStatusReport:
+async def _issue(client: CertflowClient, hostname: str) -> CertificateState:
     await client.request([hostname])
     return await _wait_for(client, hostname, _settled_active, what="ACTIVE, waiting for renewal")
 

@@ -14,7 +14,7 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from certflow import cooldown
-from starter import CertflowClient
+from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment
 
 pytestmark = pytest.mark.e2e

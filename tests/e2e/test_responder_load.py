@@ -236,7 +236,7 @@ import asyncpg  # noqa: E402 (the generator above must not need these)
 import pytest  # noqa: E402
 
 from certflow import certificates  # noqa: E402
-from starter import CertflowClient  # noqa: E402
+from certflow.client import CertflowClient  # noqa: E402
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused  # noqa: E402
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from activities.webhooks import SIGNATURE_HEADER, verify
-from starter import CertflowClient
+from certflow.client import CertflowClient
 from tests.e2e.conftest import WEBHOOK_SECRET, Deployment, WebhookReceiver
 
 pytestmark = pytest.mark.e2e

@@ -47,7 +47,6 @@ from temporalio.worker import Worker
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus
 from certflow.models import (
-    WORKFLOW_TYPE,
     AcceptChallengeInput,
     CertificateInput,
     CertificateRecord,
@@ -69,8 +68,8 @@ from certflow.models import (
     RecordFailureInput,
     RenewalAdvice,
     WaitForOrderInput,
-    workflow_id_for,
 )
+from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from workflows.certificate import CertificateWorkflow
 
 HOSTNAME = "x.test"
@@ -697,7 +696,7 @@ async def started(env: WorkflowEnvironment, fakes: Fakes) -> AsyncIterator[Run]:
         activities=fakes.activities(),
     ):
         handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
-            WORKFLOW_TYPE,
+            CERTIFICATE_WORKFLOW,
             CertificateInput(hostname=HOSTNAME),
             id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
             task_queue=task_queue,

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from certflow.dev import devstack
 from certflow.settings import ClientSettings
-from starter import CertflowClient, CertificateStatusReport
+from certflow.client import CertflowClient
+from certflow.models import CertificateState
 
 HISTORIES = Path(__file__).parent / "histories"
 LABEL = ""
@@ -35,7 +36,7 @@ MANAGED = "managed.replay.test"
 async def _until(
     client: CertflowClient,
     hostname: str,
-    predicate: Callable[[CertificateStatusReport], bool],
+    predicate: Callable[[CertificateState], bool],
     timeout: float = 90,
 ) -> None:
     deadline = time.monotonic() + timeout
@@ -48,7 +49,7 @@ async def _until(
         await asyncio.sleep(0.2)
 
 
-def _settled(report: CertificateStatusReport) -> bool:
+def _settled(report: CertificateState) -> bool:
     return report.status == "ACTIVE" and "renewal time" in (report.phase or "")
 
 

@@ -20,7 +20,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from certflow.models import WORKFLOW_TYPE, CertificateInput, CertificateState, WebhookEvent
+from certflow.contract import CERTIFICATE_WORKFLOW
+from certflow.models import CertificateInput, CertificateState, WebhookEvent
 from tests.workflows.fakes import (
     FAST_POLICY,
     HOSTNAME,
@@ -84,7 +85,7 @@ async def test_expiring_soon_is_sent_once_when_renewal_keeps_failing(
         activities=[*fakes.activities(), deliver_webhook],
     ):
         handle: WorkflowHandle[Any, CertificateState] = await own_env.client.start_workflow(
-            WORKFLOW_TYPE,
+            CERTIFICATE_WORKFLOW,
             CertificateInput(hostname=HOSTNAME, tenant_id="t-1"),
             id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
             task_queue=task_queue,

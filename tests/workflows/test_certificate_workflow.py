@@ -164,7 +164,7 @@ async def test_dns_error_keeps_pending_and_rechecks_with_backoff(
     fakes = Fakes(workflow_env, behaviours={"check_dns": fail_first(3, error)})
     async with started(workflow_env, fakes) as run:
         waiting = await run.until(
-            lambda s: "DNS" in s.phase and s.next_attempt_at is not None, "the DNS wait"
+            lambda s: "DNS" in (s.phase or "") and s.next_attempt_at is not None, "the DNS wait"
         )
         assert waiting.status is PENDING
         assert waiting.error_code is code

@@ -1,0 +1,320 @@
+"""The ``starter.py`` command line: one function per command, one dispatch table.
+
+Every command prints plain lines, or with ``--json`` one JSON document; exit 0
+on success, 1 when the request was refused or not met, 2 for bad input or
+settings (one line on stderr, before anything connects anywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic import BaseModel
+
+from certflow.client import ActionRejectedError, CertflowClient
+from certflow.contract import workflow_id_for
+from certflow.crypto import DecryptionError, EncryptionKey
+from certflow.db import create_pool, migrate
+from certflow.errors import ConfigError
+from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.models import CertificateState, CertificateStatus, Phase
+from certflow.rotation import rotate_keys
+from certflow.settings import ClientSettings, KeySettings, load_settings
+
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(_jsonable(value), indent=2, default=str))
+
+
+def print_table(reports: Sequence[CertificateState | None], hostnames: Sequence[str]) -> None:
+    """HOSTNAME STATUS EXPIRES ERROR, one certificate a line."""
+    rows = [("HOSTNAME", "STATUS", "EXPIRES", "ERROR")]
+    for hostname, r in zip(hostnames, reports):
+        if r is None:
+            rows.append((hostname, "UNKNOWN", "", ""))
+        else:
+            expires = r.expires_at.strftime("%Y-%m-%d %H:%M UTC") if r.expires_at else ""
+            error = f"{r.error_code}: {r.error_message}" if r.error_code else ""
+            rows.append((r.hostname, str(r.status), expires, error))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(col.ljust(w) for col, w in zip(row, widths)) + "  " + row[3])
+
+
+@asynccontextmanager
+async def _client() -> AsyncIterator[CertflowClient]:
+    client = await CertflowClient.connect(load_settings(ClientSettings))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+# -- the commands ------------------------------------------------------------------
+
+
+async def request(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        hostnames = await client.request(args.hostnames, tenant_id=args.tenant)
+        reports = await client.wait(hostnames, args.wait) if args.wait is not None else None
+    if args.json:
+        _print_json(
+            {
+                "requested": [{"hostname": h, "workflow_id": workflow_id_for(h)} for h in hostnames],
+                "status": list(reports.values()) if reports is not None else None,
+            }
+        )
+    else:
+        for hostname in hostnames:
+            print(f"requested {hostname} (workflow {workflow_id_for(hostname)})")
+        if reports is not None:
+            print_table(list(reports.values()), hostnames)
+    if reports is None:
+        return 0
+    return 0 if all(r and r.status is CertificateStatus.ACTIVE for r in reports.values()) else 1
+
+
+async def status(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        report = await client.status(args.hostname)
+    if report is None:
+        print(f"certflow: no certificate for {args.hostname}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(report)
+    else:
+        print_table([report], [report.hostname])
+        if report.phase:
+            print(f"phase: {report.phase}")
+    return 0
+
+
+async def list_(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        rows = await client.list_certificates(args.status)
+    if args.json:
+        _print_json(rows)
+    for row in [] if args.json else rows:
+        expires = row.expires_at.strftime("%Y-%m-%d") if row.expires_at else "-"
+        print(f"{row.hostname}  {row.status}  {expires}  {row.error_code or ''}")
+    return 0
+
+
+async def events(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        rows = await client.events(args.hostname)
+    if args.json:
+        _print_json(rows)
+    for row in [] if args.json else rows:
+        change = f"{row.from_status or '-'} → {row.to_status}"
+        code = f" {row.error_code}" if row.error_code else ""
+        print(f"{row.at:%Y-%m-%d %H:%M:%S}  {change}{code}  {row.message or ''}")
+    return 0
+
+
+def _action(name: str) -> Command:
+    async def act(args: argparse.Namespace) -> int:
+        async with _client() as client:
+            state: CertificateState = await getattr(client, name)(args.hostname)
+        if args.json:
+            _print_json(state)
+        else:
+            print(f"{state.hostname}: {state.status} ({state.phase})")
+        return 0
+
+    act.__name__ = name
+    return act
+
+
+async def delete(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        state = await client.delete(args.hostname, revoke=args.revoke)
+    if args.json:
+        _print_json(state)
+    else:
+        print(f"{state.hostname}: {state.phase}")
+    if state.error_message:
+        print(f"certflow: {state.error_message}", file=sys.stderr)
+    return 0 if state.phase is Phase.DELETED else 1
+
+
+async def cooldown(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        if args.clear:
+            woken = await client.clear_cooldowns()
+            if args.json:
+                _print_json({"cleared": True, "woken": woken})
+            else:
+                print(f"cooldown cleared; woke {len(woken)} waiting workflow(s)")
+            return 0
+        in_force = await client.cooldowns()
+    if args.json:
+        _print_json([c.__dict__ for c in in_force])
+        return 0
+    if not in_force:
+        print("no cooldown in force")
+    for c in in_force:
+        print(f"{c.directory_url}: until {c.until.isoformat()} ({c.problem_type or ''} {c.detail or ''})")
+    return 0
+
+
+async def reconcile(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        if args.install:
+            await client.install_reconcile(args.every)
+            if args.json:
+                _print_json({"installed": True, "every_seconds": args.every})
+            else:
+                print(f"reconcile schedule installed: every {args.every:g} s")
+            return 0
+        result = await client.reconcile_now()
+    if args.json:
+        _print_json(result)
+        return 0
+    print(f"checked {result.checked} certificates; started {len(result.started)} workflows")
+    for hostname in result.started:
+        print(f"  started {hostname}")
+    return 0
+
+
+async def rotate_keys_(args: argparse.Namespace) -> int:
+    """Re-encrypt stored keys under CERTFLOW_ENCRYPTION_KEY (old ones in _KEYS_OLD)."""
+    settings = load_settings(KeySettings)
+    key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    pool = await create_pool(settings.database_url, max_size=2)
+    try:
+        report = await rotate_keys(pool, key)
+    except DecryptionError as err:
+        print(f"certflow: {err}; nothing after that value was changed", file=sys.stderr)
+        return 1
+    finally:
+        await pool.close()
+    if args.json:
+        _print_json(report.__dict__)
+    else:
+        print(f"examined {report.examined} rows; re-encrypted {report.reencrypted} values")
+    return 0
+
+
+async def migrate_(args: argparse.Namespace) -> int:
+    pool = await create_pool(load_settings(ClientSettings).database_url, max_size=1)
+    try:
+        applied = await migrate(pool)
+    finally:
+        await pool.close()
+    if args.json:
+        _print_json({"applied": applied})
+    else:
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "request": request,
+    "status": status,
+    "list": list_,
+    "events": events,
+    "retry": _action("retry"),
+    "renew": _action("renew"),
+    "cancel": _action("cancel"),
+    "delete": delete,
+    "cooldown": cooldown,
+    "reconcile": reconcile,
+    "rotate-keys": rotate_keys_,
+    "migrate": migrate_,
+}
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The demo lives in the dev harness, which a production install does not carry."""
+    try:
+        from certflow.dev.demo import run_demo as demo
+    except ImportError:
+        print(
+            "certflow: the demo runs from a checkout with the dev extra"
+            " (scripts/setup.sh && .venv/bin/python starter.py demo)",
+            file=sys.stderr,
+        )
+        return 2
+    return demo(keep_running=not args.exit)
+
+
+# -- parsing -------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="starter.py", description="certflow: ACME certificates for customer hostnames"
+    )
+    sub = root.add_subparsers(dest="command", required=True)
+
+    def command(name: str, text: str, *, host: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text)
+        if host:
+            p.add_argument("hostname", metavar="HOST")
+        p.add_argument("--json", action="store_true", help="print one JSON document")
+        return p
+
+    p = command("request", "request certificates for hostnames")
+    p.add_argument("hostnames", nargs="+", metavar="HOST")
+    p.add_argument("--tenant", help="opaque tenant id stored with the row")
+    p.add_argument(
+        "--wait", type=float, metavar="SECONDS",
+        help="wait until ACTIVE or an error; exit 0 only if all ACTIVE",
+    )
+    command("status", "show a certificate's status", host=True)
+    p = command("list", "list certificates")
+    p.add_argument("--status", type=str.upper, choices=[s.value for s in CertificateStatus])
+    command("events", "a certificate's transitions", host=True)
+    command("retry", "retry now (DNS fixed, or a FAILED certificate)", host=True)
+    command("renew", "renew an ACTIVE certificate now", host=True)
+    command("cancel", "stop provisioning and renewal (status CANCELED)", host=True)
+    p = command("delete", "cancel and remove the certificate's rows", host=True)
+    p.add_argument("--revoke", action="store_true", help="revoke the current certificate first")
+    p = command("cooldown", "show (or clear) the CA rate-limit cooldowns")
+    p.add_argument("--clear", action="store_true")
+    p = command("reconcile", "start missing workflows now, or install the schedule")
+    p.add_argument("--install", action="store_true")
+    p.add_argument("--every", type=float, default=300.0, metavar="SECONDS")
+    command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
+    command("migrate", "apply database migrations")
+    p = sub.add_parser("demo", help="run everything locally and issue three demo certificates")
+    p.add_argument("--exit", action="store_true", help="stop after printing the table")
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "demo":
+        return run_demo(args)
+    try:
+        # Bad hostnames are refused before anything connects anywhere.
+        for hostname in [*getattr(args, "hostnames", []), getattr(args, "hostname", None)]:
+            if hostname is not None:
+                normalize_hostname(hostname)
+        return asyncio.run(COMMANDS[args.command](args))
+    except (ConfigError, InvalidHostnameError) as err:
+        prefix = "configuration error: " if isinstance(err, ConfigError) else ""
+        print(f"certflow: {prefix}{err}", file=sys.stderr)
+        return 2
+    except ActionRejectedError as err:
+        print(f"certflow: {err}", file=sys.stderr)
+        return 1

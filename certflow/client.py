@@ -1,0 +1,237 @@
+"""certflow's async client: what a product backend (or ``starter.py``) calls.
+
+It validates hostnames, upserts the certificate rows and starts (or finds) one
+workflow per hostname; it reads the status from the row (the system of record)
+joined with the running workflow's view, and sends the workflow's updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
+
+from certflow import certificates, cooldown
+from certflow.contract import (
+    CERTIFICATE_WORKFLOW,
+    RECONCILE_WORKFLOW,
+    reconcile_schedule_id,
+    workflow_id_for,
+)
+from certflow.cooldown import Cooldown
+from certflow.db import create_pool
+from certflow.hostnames import normalize_hostname
+from certflow.models import (
+    CertificateEvent,
+    CertificateInput,
+    CertificateState,
+    CertificateStatus,
+    DeleteRequest,
+    ReconcileResult,
+)
+from certflow.schedules import install_reconcile_schedule
+from certflow.settings import ClientSettings
+
+START_CONCURRENCY = 16
+
+
+class ActionRejectedError(Exception):
+    """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
+
+
+def _rejection(err: WorkflowUpdateFailedError) -> str:
+    cause = err.cause
+    return str(getattr(cause, "message", None) or cause or err)
+
+
+class CertflowClient:
+    """Request certificates, read their status, and act on them."""
+
+    def __init__(self, pool: asyncpg.Pool, temporal: Client, task_queue: str) -> None:
+        self.pool = pool
+        self.temporal = temporal
+        self.task_queue = task_queue
+
+    @classmethod
+    async def connect(cls, settings: ClientSettings) -> CertflowClient:
+        pool = await create_pool(settings.database_url, max_size=4)
+        temporal = await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+        )
+        return cls(pool, temporal, settings.task_queue)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def request(
+        self, hostnames: Sequence[str], tenant_id: str | None = None
+    ) -> list[str]:
+        """Validate every hostname first (one bad name writes nothing), then upsert
+        each row and start its workflow, or find the one already running."""
+        unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+        await certificates.request_certificates(self.pool, unique, tenant_id)
+        # Starts are independent round trips to Temporal: a few at a time.
+        slots = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def start(hostname: str) -> None:
+            async with slots:
+                await self.temporal.start_workflow(
+                    CERTIFICATE_WORKFLOW,
+                    CertificateInput(hostname=hostname, tenant_id=tenant_id),
+                    id=workflow_id_for(hostname),
+                    task_queue=self.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                )
+
+        await asyncio.gather(*(start(h) for h in unique))
+        return unique
+
+    def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
+        return self.temporal.get_workflow_handle(workflow_id_for(hostname))
+
+    async def status(self, hostname: str) -> CertificateState | None:
+        """The row, with the running workflow's phase and next attempt; None when
+        there is no row for the hostname."""
+        hostname = normalize_hostname(hostname)
+        row = await certificates.certificate_state(self.pool, hostname)
+        if row is None:
+            return None
+        update: dict[str, Any] = {"workflow_id": workflow_id_for(hostname)}
+        if row.status is not CertificateStatus.ACTIVE:
+            in_force = await cooldown.active_cooldowns(self.pool)
+            if in_force:
+                update["cooldown_until"] = max(c.until for c in in_force)
+        try:
+            state = await self.handle(hostname).query("status", result_type=CertificateState)
+        except RPCError:
+            pass  # no workflow (or none running): the row says it all
+        else:
+            update["phase"] = state.phase
+            update["next_attempt_at"] = state.next_attempt_at
+        return row.model_copy(update=update)
+
+    async def list_certificates(self, status: str | None = None) -> list[CertificateState]:
+        """Certificates from Postgres (the rows alone), optionally of one status."""
+        return await certificates.list_certificates(self.pool, status)
+
+    async def events(self, hostname: str) -> list[CertificateEvent]:
+        """The certificate's transitions, oldest first."""
+        return await certificates.events(self.pool, normalize_hostname(hostname))
+
+    async def retry(self, hostname: str) -> CertificateState:
+        """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
+        return await self._update(hostname, "retry")
+
+    async def renew(self, hostname: str) -> CertificateState:
+        """Renew an ACTIVE certificate now (the ``renew`` update)."""
+        return await self._update(hostname, "renew")
+
+    async def cancel(self, hostname: str) -> CertificateState:
+        """Stop provisioning and renewal: CANCELED, the open authorization deactivated."""
+        return await self._update_with_start(hostname, "cancel", None)
+
+    async def delete(self, hostname: str, *, revoke: bool = False) -> CertificateState:
+        """Cancel, optionally revoke the current certificate, and remove the rows."""
+        return await self._update_with_start(hostname, "delete", DeleteRequest(revoke=revoke))
+
+    async def cooldowns(self) -> list[Cooldown]:
+        """Rate-limit cooldowns in force (one per CA directory)."""
+        return await cooldown.active_cooldowns(self.pool)
+
+    async def clear_cooldowns(self) -> list[str]:
+        """End every cooldown now (after the CA lifted a limit) and wake the workflows
+        that were waiting for it; returns their hostnames."""
+        await cooldown.clear_all(self.pool)
+        waiting = await certificates.waiting_for_cooldown(self.pool)
+        for hostname in waiting:
+            with contextlib.suppress(RPCError):
+                await self.handle(hostname).signal("retry")
+        return waiting
+
+    async def install_reconcile(self, every_seconds: float) -> None:
+        await install_reconcile_schedule(self.temporal, self.task_queue, every_seconds)
+
+    async def reconcile_now(self) -> ReconcileResult:
+        """One reconcile pass, run by a worker, waited for."""
+        result: ReconcileResult = await self.temporal.execute_workflow(
+            RECONCILE_WORKFLOW,
+            id=f"{reconcile_schedule_id(self.task_queue)}:manual-{uuid.uuid4().hex[:8]}",
+            task_queue=self.task_queue,
+            result_type=ReconcileResult,
+        )
+        return result
+
+    async def _update(self, hostname: str, update: str) -> CertificateState:
+        hostname = normalize_hostname(hostname)
+        try:
+            state: CertificateState = await self.handle(hostname).execute_update(
+                update, result_type=CertificateState
+            )
+        except WorkflowUpdateFailedError as err:
+            raise ActionRejectedError(_rejection(err)) from None
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                raise ActionRejectedError(
+                    f"{hostname} has no running workflow (request it first)"
+                ) from None
+            raise
+        return state
+
+    async def _update_with_start(
+        self, hostname: str, update: str, arg: DeleteRequest | None
+    ) -> CertificateState:
+        """Deliver the update, starting the workflow first if none runs (so a worker,
+        which holds the ACME account, carries it out)."""
+        hostname = normalize_hostname(hostname)
+        row = await certificates.certificate_state(self.pool, hostname)
+        if row is None:
+            raise ActionRejectedError(f"no certificate for {hostname}")
+        start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
+            CERTIFICATE_WORKFLOW,
+            CertificateInput(hostname=hostname, tenant_id=row.tenant_id),
+            id=workflow_id_for(hostname),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        try:
+            state: CertificateState = await self.temporal.execute_update_with_start_workflow(
+                update,
+                arg,
+                start_workflow_operation=start,
+                result_type=CertificateState,
+            )
+        except WorkflowUpdateFailedError as err:
+            raise ActionRejectedError(_rejection(err)) from None
+        return state
+
+    async def wait(
+        self, hostnames: Sequence[str], timeout: float, poll_interval: float = 0.2
+    ) -> dict[str, CertificateState | None]:
+        """Wait until each hostname is ACTIVE or carries an error code (or timeout)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reports = {h: await self.status(h) for h in hostnames}
+            settled = all(
+                r is not None and (r.status is CertificateStatus.ACTIVE or r.error_code)
+                for r in reports.values()
+            )
+            if settled or time.monotonic() >= deadline:
+                return reports
+            await asyncio.sleep(poll_interval)

@@ -1,0 +1,30 @@
+"""Names a product backend in any language relies on: workflow types, ids, and
+the schedule (README: "The contract for backends in other languages").
+
+The ``status`` query, the ``retry``/``renew``/``cancel``/``delete`` signals and
+updates are named on the workflow itself (workflows/certificate.py).
+"""
+
+from __future__ import annotations
+
+CERTIFICATE_WORKFLOW = "Certificate"
+"""One per hostname, for the certificate's whole life."""
+RECONCILE_WORKFLOW = "Reconcile"
+"""One reconcile pass, started by the schedule."""
+WEBHOOK_DELIVERY_WORKFLOW = "WebhookDelivery"
+"""Delivers one webhook event, a child of the Certificate workflow that outlives it."""
+
+
+def workflow_id_for(hostname: str) -> str:
+    """The deterministic workflow id: one workflow per hostname, single flight by construction."""
+    return f"certificate:{hostname}"
+
+
+def reconcile_schedule_id(task_queue: str) -> str:
+    """One schedule per task queue (a namespace may host several deployments)."""
+    return f"certflow-reconcile:{task_queue}"
+
+
+def webhook_workflow_id(hostname: str, event_id: str) -> str:
+    """One delivery workflow per event: each event is delivered once."""
+    return f"webhook:{hostname}:{event_id}"

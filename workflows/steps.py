@@ -1,0 +1,106 @@
+"""How the Certificate workflow runs its activities: the timeouts and retry policy
+of each kind of step, what each activity shows in the Temporal UI, and how a
+failed activity becomes the attempt's error code (SPEC §4).
+
+Activities are called by typed reference (``execute_activity_method``); their
+registered names are pinned by ``@activity.defn(name=…)`` (activities/registry.py
+lists them), so histories recorded before typed references replay unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.registry import CERTIFICATE_ACTIVITIES
+    from certflow.errors import ErrorCode
+
+S = TypeVar("S")
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Step:
+    """Timeouts and retry policy of one kind of activity."""
+
+    start_to_close: timedelta
+    retry: RetryPolicy
+    heartbeat: timedelta | None = None
+
+
+# Postgres steps retry until Postgres is back: nothing is decided by their failure.
+POSTGRES = Step(
+    timedelta(seconds=30),
+    RetryPolicy(
+        initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
+    ),
+)
+# Short faults (resets, 5xx, badNonce, timeouts, a DNS resolver's SERVFAIL) are
+# absorbed for a few seconds before they count as one failed attempt; every other
+# error code goes straight back to the workflow, which decides.
+SHORT_FAULT_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=500),
+    maximum_interval=timedelta(seconds=4),
+    maximum_attempts=4,
+    non_retryable_error_types=[str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY],
+)
+DNS = Step(timedelta(seconds=60), SHORT_FAULT_RETRY)
+# Single CA exchanges: short, so a worker killed mid-call is noticed quickly.
+CA = Step(timedelta(seconds=20), SHORT_FAULT_RETRY)
+FINALIZE = Step(timedelta(seconds=90), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10))
+BEST_EFFORT = Step(timedelta(seconds=20), RetryPolicy(maximum_attempts=3))
+
+
+def order_wait(fast_poll_seconds: float) -> Step:
+    """wait_for_order polls inside the activity for ``fast_poll_seconds``, heartbeating."""
+    return Step(
+        timedelta(seconds=fast_poll_seconds + 30), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10)
+    )
+
+
+async def run(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
+    """Run one activity of the workflow with its step's timeouts and retries."""
+    result: R = await workflow.execute_activity_method(
+        activity,
+        arg,
+        start_to_close_timeout=step.start_to_close,
+        heartbeat_timeout=step.heartbeat,
+        retry_policy=step.retry,
+        summary=CERTIFICATE_ACTIVITIES[activity],
+    )
+    return result
+
+
+class AttemptFailed(Exception):
+    """An attempt ended with an error code (SPEC §4) and a message for the product."""
+
+    def __init__(self, code: ErrorCode, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+
+def failure_of(err: ActivityError) -> AttemptFailed:
+    """The attempt's error from a failed activity: its typed code and data, or
+    ACME_TEMPORARY for anything untyped (a timeout, a crash)."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type and cause.type in ErrorCode.__members__:
+        details: dict[str, Any] = {}
+        if cause.details and isinstance(cause.details[0], dict):
+            details = cause.details[0]
+        return AttemptFailed(
+            ErrorCode(cause.type),
+            str(details.get("message") or cause.message),
+            details.get("retry_after_seconds"),
+        )
+    reason = str(cause or err)
+    return AttemptFailed(ErrorCode.ACME_TEMPORARY, f"{err.activity_type} failed: {reason}", None)
