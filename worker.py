@@ -104,6 +104,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                     resolver=f"{host}:{port}",
                     cname_target=settings.cname_target,
                     caa_issuer_domain=settings.caa_issuer_domain,
+                    account_uri=account.account_url,  # RFC 8657 accounturi
                 ),
                 metrics,
             ),

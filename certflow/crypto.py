@@ -94,11 +94,21 @@ def load_private_key(pem: bytes) -> PrivateKey:
     return key
 
 
+# RFC 5280 ub-common-name: a longer CN is refused by cryptography and by Let's Encrypt.
+MAX_COMMON_NAME_OCTETS = 64
+
+
 def make_csr(key: PrivateKey, hostname: str) -> bytes:
-    """A PEM CSR with CN and a single DNS SAN for hostname."""
+    """A PEM CSR with a single DNS SAN for hostname, also the subject CN when it
+    fits in 64 octets (otherwise the subject is empty; the SAN is what counts)."""
+    subject = (
+        [x509.NameAttribute(NameOID.COMMON_NAME, hostname)]
+        if len(hostname.encode()) <= MAX_COMMON_NAME_OCTETS
+        else []
+    )
     csr = (
         x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)]))
+        .subject_name(x509.Name(subject))
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(hostname)]), critical=False)
         .sign(key, hashes.SHA256())
     )

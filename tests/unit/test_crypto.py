@@ -94,6 +94,22 @@ def test_csr_has_cn_and_single_san() -> None:
     assert san.get_values_for_type(x509.DNSName) == ["shop.example.com"]
 
 
+@pytest.mark.parametrize(("length", "has_cn"), [(64, True), (65, False), (70, False)])
+def test_csr_cn_only_when_it_fits_in_64_octets(length: int, has_cn: bool) -> None:
+    # A valid name (labels of at most 63 octets) of exactly ``length`` octets.
+    hostname = "a" * 40 + "." + "b" * (length - 41 - len(".example.com")) + ".example.com"
+    assert len(hostname) == length
+    key = generate_private_key(KeyType.EC256)
+    csr = x509.load_pem_x509_csr(make_csr(key, hostname))
+    assert csr.is_signature_valid
+    cn = [a.value for a in csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    assert cn == ([hostname] if has_cn else [])
+    if not has_cn:
+        assert len(csr.subject) == 0
+    san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == [hostname]
+
+
 def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer_key: ec.EllipticCurvePrivateKey) -> str:
     now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
     cert = (

@@ -1,21 +1,36 @@
-"""DNS pre-checks (SPEC §3.1) with fake lookups: CAA decisions, the CAA walk, the CNAME chain."""
+"""DNS pre-checks (SPEC §3.1): CAA decisions, the CAA walk, the CNAME chain.
+
+With fake lookups, and (for CAA) on recorded DNS answers: dnspython messages
+built from text and served in place of the network, so the same query and
+parsing code as in production runs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import dns.asyncquery
+import dns.exception
+import dns.message
+import dns.rdatatype
 import pytest
 
 from activities.dns_checks import (
     CaaAnswer,
+    CaaAnswerSet,
+    CaaIssuer,
     CaaRecord,
+    CaaSet,
     CnameAnswer,
     DnsChecker,
     DnsLookupError,
+    caa_allows,
     caa_decision,
     caa_lookup_names,
     check_caa,
+    find_caa_set,
     follow_cname_chain,
+    parse_caa_response,
     parse_resolver_address,
 )
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode
@@ -37,8 +52,18 @@ ALLOWED_CASES: list[tuple[str, list[CaaRecord]]] = [
     ("issuer case-insensitive", [issue("LetsEncrypt.ORG")]),
     ("tag case-insensitive", [CaaRecord(0, "ISSUE", LE)]),
     ("tag mixed case", [CaaRecord(0, "IsSuE", LE)]),
-    ("parameters after ;", [issue(f"{LE}; accounturi=https://acme.example/acct/1")]),
+    ("unknown parameter after ;", [issue(f"{LE}; foo=https://acme.example/acct/1")]),
     ("several parameters", [issue(f"{LE}; a=1; validationmethods=http-01")]),
+    ("validationmethods ours", [issue(f"{LE}; validationmethods=http-01")]),
+    ("validationmethods ours among others", [issue(f"{LE}; validationmethods=http-01,dns-01")]),
+    ("validationmethods ours second", [issue(f"{LE}; validationmethods=dns-01,http-01")]),
+    # Boulder reads the list in order: ours before a malformed label still allows.
+    ("validationmethods ours, then malformed", [issue(f"{LE}; validationmethods=http-01,x_y")]),
+    # Boulder compares parameter tags exactly: these are unknown parameters, ignored.
+    ("ValidationMethods is not validationmethods", [issue(f"{LE}; ValidationMethods=dns-01")]),
+    ("AccountURI is not accounturi", [issue(f"{LE}; AccountURI=https://ca.test/acct/9")]),
+    ("parameter with empty value", [issue(f"{LE}; foo=")]),
+    ("parameter value with '='", [issue(f"{LE}; foo=a=b")]),
     ("empty parameter list", [issue(f"{LE};")]),
     ("surrounding whitespace", [issue(f"  {LE}\t ;  a=b  ")]),
     ("issuewild only (non-wildcard name)", [CaaRecord(0, "issuewild", "other-ca.org")]),
@@ -65,6 +90,13 @@ DENIED_CASES: list[tuple[str, list[CaaRecord], str]] = [
     ("critical unknown, flags 128", [CaaRecord(128, "tbs", "x"), issue(LE)], "unknown critical"),
     ("critical unknown, flags 1", [CaaRecord(1, "tbs", "x"), issue(LE)], "unknown critical"),
     ("critical unknown, flags 129", [CaaRecord(129, "TBS", "x")], "unknown critical"),
+    ("critical unknown, flags 3", [CaaRecord(3, "tbs", "x"), issue(LE)], "unknown critical"),
+    # Boulder does not know contactemail/contactphone: critical ones forbid.
+    (
+        "critical contactemail",
+        [CaaRecord(128, "contactemail", "a@acme.test"), issue(LE)],
+        "unknown critical",
+    ),
     ("empty issuer ';'", [issue(";")], "forbids all"),
     ("empty value", [issue("")], "forbids all"),
     ("';' with parameters", [issue("; a=b")], "forbids all"),
@@ -74,11 +106,53 @@ DENIED_CASES: list[tuple[str, list[CaaRecord], str]] = [
     ("issuer with space inside", [issue("letsencrypt .org")], "malformed"),
     ("bad parameter (no =)", [issue(f"{LE}; accounturi")], "malformed"),
     ("bad parameter tag", [issue(f"{LE}; bad_tag=1")], "malformed"),
+    ("hyphen in parameter tag (Boulder)", [issue(f"{LE}; a-b=1")], "malformed"),
     ("bad parameter value", [issue(f"{LE}; a=b c")], "malformed"),
     ("trailing ; after parameter", [issue(f"{LE}; a=b;")], "malformed"),
     ("superdomain of issuer", [issue("org")], "allows only org"),
     ("subdomain of issuer", [issue(f"ca.{LE}")], f"allows only ca.{LE}"),
     ("';' plus other issuer", [issue(";"), issue("other-ca.org")], "allows only other-ca.org"),
+    (
+        "validationmethods dns-01 only",
+        [issue(f"{LE}; validationmethods=dns-01")],
+        f"allows {LE} only with validationmethods=dns-01 (we validate with http-01)",
+    ),
+    (
+        "validationmethods upper case",
+        [issue(f"{LE}; validationmethods=HTTP-01")],
+        "only with validationmethods=HTTP-01 (we validate with http-01)",
+    ),
+    (
+        "validationmethods empty",
+        [issue(f"{LE}; validationmethods=")],
+        "only with validationmethods= (malformed, so it allows no method)",
+    ),
+    (
+        "validationmethods malformed before ours",
+        [issue(f"{LE}; validationmethods=x_y,http-01")],
+        "(malformed, so it allows no method)",
+    ),
+    (
+        "validationmethods unknown method",
+        [issue(f"{LE}; validationmethods=tls-sni-01")],
+        "only with validationmethods=tls-sni-01",
+    ),
+    (
+        "two validationmethods parameters",
+        [issue(f"{LE}; validationmethods=http-01; validationmethods=http-01")],
+        "with 2 validationmethods parameters, which no method satisfies",
+    ),
+    (
+        "accounturi while our account is unknown",
+        [issue(f"{LE}; accounturi=https://ca.test/acct/1")],
+        f"allows {LE} only for account https://ca.test/acct/1 "
+        "(our ACME account URL is not known yet)",
+    ),
+    (
+        "refused by a parameter, other issuer",
+        [issue(f"{LE}; validationmethods=dns-01"), issue("digicert.com")],
+        "(we validate with http-01); otherwise it allows only digicert.com",
+    ),
 ]
 
 
@@ -132,6 +206,115 @@ def test_caa_record_presentation() -> None:
     assert CaaRecord(0, "iodef", "a\nb").to_text() == '0 iodef "a\\010b"'
 
 
+# --------------------------------------------------------------------------- RFC 8657 parameters
+
+ACCOUNT = "https://ca.test/acme/acct/1"
+OTHER_ACCOUNT = "https://ca.test/acme/acct/2"
+OURS = CaaIssuer((LE,), account_uri=ACCOUNT)
+
+
+def test_accounturi_equal_allows() -> None:
+    verdict = caa_decision([issue(f"{LE}; accounturi={ACCOUNT}")], OURS, owner="acme.test")
+    assert verdict.allowed, verdict.reason
+
+
+def test_accounturi_and_validationmethods_both_satisfied() -> None:
+    value = f"{LE}; accounturi={ACCOUNT}; validationmethods=http-01"
+    assert caa_decision([issue(value)], OURS, owner="acme.test").allowed
+
+
+def test_accounturi_different_denies() -> None:
+    verdict = caa_decision([issue(f"{LE}; accounturi={OTHER_ACCOUNT}")], OURS, owner="acme.test")
+    assert not verdict.allowed
+    assert verdict.reason == (
+        f"CAA at acme.test allows {LE} only for account {OTHER_ACCOUNT} (ours is {ACCOUNT})"
+    )
+
+
+def test_accounturi_compared_exactly() -> None:
+    # Boulder compares the strings: no URL normalization (case, trailing slash).
+    for variant in (ACCOUNT + "/", ACCOUNT.upper(), ACCOUNT.replace("https", "http")):
+        verdict = caa_decision([issue(f"{LE}; accounturi={variant}")], OURS, owner="acme.test")
+        assert not verdict.allowed, variant
+
+
+def test_accounturi_one_of_several_records_matches() -> None:
+    records = [issue(f"{LE}; accounturi={OTHER_ACCOUNT}"), issue(f"{LE}; accounturi={ACCOUNT}")]
+    assert caa_decision(records, OURS, owner="acme.test").allowed
+
+
+def test_accounturi_several_records_none_ours() -> None:
+    records = [issue(f"{LE}; accounturi={OTHER_ACCOUNT}"), issue(f"{LE}; accounturi=https://x/3")]
+    verdict = caa_decision(records, OURS, owner="acme.test")
+    assert not verdict.allowed
+    assert verdict.reason == (
+        f"CAA at acme.test allows {LE} only for account {OTHER_ACCOUNT} (ours is {ACCOUNT}), "
+        f"or only for account https://x/3 (ours is {ACCOUNT})"
+    )
+
+
+def test_accounturi_twice_in_one_value_is_unsatisfiable() -> None:
+    value = f"{LE}; accounturi={ACCOUNT}; accounturi={ACCOUNT}"
+    verdict = caa_decision([issue(value)], OURS, owner="acme.test")
+    assert not verdict.allowed
+    assert "2 accounturi parameters, which no account satisfies" in verdict.reason
+
+
+def test_accounturi_with_unknown_account_denies() -> None:
+    unknown = CaaIssuer((LE,))
+    assert unknown.account_uri is None
+    verdict = caa_decision([issue(f"{LE}; accounturi={ACCOUNT}")], unknown, owner="acme.test")
+    assert not verdict.allowed
+    assert verdict.reason == (
+        f"CAA at acme.test allows {LE} only for account {ACCOUNT} "
+        "(our ACME account URL is not known yet)"
+    )
+
+
+def test_account_and_method_refusals_both_named() -> None:
+    value = f"{LE}; accounturi={OTHER_ACCOUNT}; validationmethods=dns-01"
+    verdict = caa_decision([issue(value)], OURS, owner="acme.test")
+    assert verdict.reason == (
+        f"CAA at acme.test allows {LE} only for account {OTHER_ACCOUNT} (ours is {ACCOUNT}) "
+        "and only with validationmethods=dns-01 (we validate with http-01)"
+    )
+
+
+def test_right_account_wrong_method_denies() -> None:
+    value = f"{LE}; accounturi={ACCOUNT}; validationmethods=dns-01"
+    verdict = caa_decision([issue(value)], OURS, owner="acme.test")
+    assert not verdict.allowed
+    assert verdict.reason == (
+        f"CAA at acme.test allows {LE} only with validationmethods=dns-01 "
+        "(we validate with http-01)"
+    )
+
+
+def test_long_parameter_values_are_cut_short() -> None:
+    verdict = caa_decision([issue(f"{LE}; accounturi=https://x/{'a' * 500}")], OURS)
+    assert not verdict.allowed
+    assert len(verdict.reason) < 300
+
+
+def test_issuer_with_several_domains() -> None:
+    issuer = CaaIssuer(("LetsEncrypt.org.", "lencr.org"))
+    assert issuer.domains == (LE, "lencr.org")
+    assert caa_decision([issue("lencr.org")], issuer).allowed
+    assert caa_decision([issue(LE)], issuer).allowed
+    assert not caa_decision([issue("other-ca.org")], issuer).allowed
+
+
+def test_caa_issuer_validates_and_normalizes() -> None:
+    assert CaaIssuer(("LE.org.",), account_uri="").account_uri is None
+    assert CaaIssuer.of(LE) == CaaIssuer((LE,))
+    assert CaaIssuer.of(OURS) is OURS
+    assert CaaIssuer(LE).domains == (LE,)  # type: ignore[arg-type]  # a bare str is one domain
+    assert OURS.expected == LE
+    for bad in ((), ("lets encrypt",), ("",)):
+        with pytest.raises(ValueError):
+            CaaIssuer(bad)
+
+
 # --------------------------------------------------------------------------- CAA walk
 
 
@@ -140,22 +323,29 @@ class FakeCaa:
 
     def __init__(
         self,
-        answers: Mapping[str, Sequence[CaaAnswer]] | None = None,
+        answers: Mapping[str, CaaAnswerSet] | None = None,
         fail: Sequence[str] = (),
     ) -> None:
         self.answers = dict(answers or {})
         self.fail = set(fail)
         self.asked: list[str] = []
 
-    async def __call__(self, name: str) -> list[CaaAnswer]:
+    async def __call__(self, name: str) -> CaaAnswerSet:
         self.asked.append(name)
         if name in self.fail:
             raise DnsLookupError(name, "CAA", "resolver 127.0.0.1:53 answered SERVFAIL")
-        return list(self.answers.get(name, []))
+        return self.answers.get(name, CaaAnswerSet())
 
 
-def owned(owner: str, *records: CaaRecord) -> list[CaaAnswer]:
-    return [CaaAnswer(owner, r) for r in records]
+def owned(owner: str, *records: CaaRecord) -> CaaAnswerSet:
+    """An answer with CAA records owned by ``owner`` and no CNAME."""
+    return CaaAnswerSet(caa=[CaaAnswer(owner, r) for r in records])
+
+
+def aliased(*chain: str, records: Sequence[CaaRecord] = ()) -> CaaAnswerSet:
+    """An answer following ``chain[0] → … → chain[-1]``, CAA owned by the last name."""
+    cnames = [CnameAnswer(a, b) for a, b in zip(chain, chain[1:])]
+    return CaaAnswerSet(cnames=cnames, caa=[CaaAnswer(chain[-1], r) for r in records])
 
 
 def test_caa_lookup_names() -> None:
@@ -236,8 +426,8 @@ async def test_caa_iodef_only_rrset_decides_and_permits() -> None:
     assert lookup.asked == ["shop.acme.test"]
 
 
-async def test_caa_records_owned_by_another_name_are_ignored() -> None:
-    # A resolver chasing the hostname's CNAME returns the target's CAA records.
+async def test_caa_records_owned_by_a_name_off_the_chain_are_ignored() -> None:
+    # CAA records owned by a name the answer never aliases to: not the set of shop.acme.test.
     lookup = FakeCaa(
         {
             "shop.acme.test": owned(TARGET, issue("other-ca.org")),
@@ -246,6 +436,76 @@ async def test_caa_records_owned_by_another_name_are_ignored() -> None:
     )
     await check_caa("shop.acme.test", LE, lookup)
     assert lookup.asked == ["shop.acme.test", "acme.test"]
+
+
+async def test_caa_records_of_the_alias_target_decide() -> None:
+    # The same records, reached through the hostname's CNAME: they are its set.
+    lookup = FakeCaa(
+        {
+            "shop.acme.test": aliased("shop.acme.test", TARGET, records=[issue("other-ca.org")]),
+            "acme.test": owned("acme.test", issue(LE)),
+        }
+    )
+    with pytest.raises(DnsCheckError) as info:
+        await check_caa("shop.acme.test", LE, lookup)
+    assert info.value.code is ErrorCode.DNS_CAA
+    assert info.value.message == (
+        f"CAA at {TARGET} (via shop.acme.test → {TARGET}) allows only other-ca.org"
+    )
+    assert lookup.asked == ["shop.acme.test"]
+
+
+async def test_caa_chain_in_the_answer_is_followed_from_the_queried_name() -> None:
+    # CNAMEs in the answer that do not start at the queried name build no chain.
+    answer = CaaAnswerSet(
+        cnames=[CnameAnswer("elsewhere.test", TARGET)],
+        caa=[CaaAnswer(TARGET, issue("other-ca.org"))],
+    )
+    lookup = FakeCaa({"shop.acme.test": answer})
+    assert await find_caa_set("shop.acme.test", lookup) is None
+
+
+async def test_caa_alias_loop_in_the_answer_ends() -> None:
+    answer = CaaAnswerSet(
+        cnames=[CnameAnswer("shop.acme.test", "a.test"), CnameAnswer("a.test", "shop.acme.test")]
+    )
+    lookup = FakeCaa({"shop.acme.test": answer})
+    assert await find_caa_set("shop.acme.test", lookup) is None
+    assert lookup.asked == ["shop.acme.test", "acme.test", "test"]
+
+
+async def test_find_caa_set_returns_the_deciding_set() -> None:
+    lookup = FakeCaa(
+        {
+            "eu.acme.test": aliased(
+                "eu.acme.test", "lb.cdn.test", "edge.cdn.test", records=[issue("a-ca.org")]
+            ),
+            "acme.test": owned("acme.test", issue(LE)),
+        }
+    )
+    found = await find_caa_set("Shop.EU.acme.test.", lookup)
+    assert found == CaaSet(
+        hostname="shop.eu.acme.test",
+        name="eu.acme.test",
+        chain=("eu.acme.test", "lb.cdn.test", "edge.cdn.test"),
+        records=(issue("a-ca.org"),),
+    )
+    assert found.owner == "edge.cdn.test"
+    assert lookup.asked == ["shop.eu.acme.test", "eu.acme.test"]
+    # One walk, several CAs judged.
+    verdict = caa_allows(found, LE)
+    assert verdict.reason == (
+        "CAA at edge.cdn.test (via eu.acme.test → lb.cdn.test → edge.cdn.test) "
+        "allows only a-ca.org (applies to shop.eu.acme.test)"
+    )
+    assert not verdict.allowed
+    assert caa_allows(found, CaaIssuer(("a-ca.org",))).allowed
+
+
+def test_caa_allows_without_any_set() -> None:
+    verdict = caa_allows(None, OURS)
+    assert verdict.allowed
+    assert "no CAA records" in verdict.reason
 
 
 async def test_caa_owner_compared_case_and_dot_insensitively() -> None:
@@ -269,6 +529,294 @@ async def test_caa_servfail_is_temporary() -> None:
 async def test_caa_servfail_after_decision_is_not_reached() -> None:
     lookup = FakeCaa({"shop.acme.test": owned("shop.acme.test", issue(LE))}, fail=["acme.test"])
     await check_caa("shop.acme.test", LE, lookup)
+
+
+# --------------------------------------------------------------------------- recorded DNS answers
+#
+# Each test records the resolver's answers as dnspython messages built from
+# text (what `dig` shows) and serves them in place of the network, so the real
+# DnsChecker.lookup_caa runs: the query, the rcode handling and the parsing.
+
+HOST = "shop.customer.test"
+APEX = "customer.test"
+EDGE = "edge.saas.test"
+
+
+def response(qname: str, qtype: str, *answer: str, rcode: str = "NOERROR") -> dns.message.Message:
+    """A resolver's response to ``qname``/``qtype`` with these answer-section lines."""
+    lines = "\n".join(answer)
+    return dns.message.from_text(
+        f"id 4242\nopcode QUERY\nrcode {rcode}\nflags QR RD RA\n"
+        f";QUESTION\n{qname}. IN {qtype}\n;ANSWER\n{lines}\n;AUTHORITY\n;ADDITIONAL\n"
+    )
+
+
+class RecordedResolver:
+    """Stands in for dnspython's network call; unrecorded names are NXDOMAIN."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.answers: dict[tuple[str, str], dns.message.Message | None] = {}
+        self.asked: list[str] = []
+        monkeypatch.setattr(dns.asyncquery, "udp_with_fallback", self._exchange)
+
+    def record(self, qname: str, qtype: str, *answer: str, rcode: str = "NOERROR") -> None:
+        self.answers[(qname, qtype)] = response(qname, qtype, *answer, rcode=rcode)
+
+    def time_out(self, qname: str, qtype: str) -> None:
+        self.answers[(qname, qtype)] = None
+
+    async def _exchange(
+        self, query: dns.message.Message, where: str, **kwargs: object
+    ) -> tuple[dns.message.Message, bool]:
+        question = query.question[0]
+        qname = question.name.to_text(omit_final_dot=True)
+        qtype = dns.rdatatype.to_text(question.rdtype)
+        self.asked.append(f"{qtype} {qname}")
+        key = (qname, qtype)
+        if key in self.answers and self.answers[key] is None:
+            raise dns.exception.Timeout
+        answer = self.answers.get(key) or response(qname, qtype, rcode="NXDOMAIN")
+        answer.id = query.id
+        return answer, False
+
+
+@pytest.fixture
+def resolver(monkeypatch: pytest.MonkeyPatch) -> RecordedResolver:
+    return RecordedResolver(monkeypatch)
+
+
+def checker(account_uri: str | None = None) -> DnsChecker:
+    return DnsChecker("127.0.0.1:53", EDGE, LE, account_uri=account_uri)
+
+
+async def recorded_caa_error(hostname: str = HOST, account_uri: str | None = None) -> DnsCheckError:
+    dns_checker = checker(account_uri)
+    with pytest.raises(DnsCheckError) as info:
+        await check_caa(hostname, dns_checker.caa_issuer, dns_checker.lookup_caa)
+    return info.value
+
+
+def test_parse_caa_response_keeps_the_cname_chain() -> None:
+    message = response(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME lb.cdn.test.",
+        f"lb.cdn.test. 300 IN CNAME {EDGE}.",
+        f'{EDGE}. 300 IN CAA 0 issue "digicert.com; foo=bar"',
+        f'{EDGE}. 300 IN CAA 128 iodef "mailto:sec@saas.test"',
+    )
+    assert parse_caa_response(message) == CaaAnswerSet(
+        cnames=[CnameAnswer(HOST, "lb.cdn.test"), CnameAnswer("lb.cdn.test", EDGE)],
+        caa=[
+            CaaAnswer(EDGE, CaaRecord(0, "issue", "digicert.com; foo=bar")),
+            CaaAnswer(EDGE, CaaRecord(128, "iodef", "mailto:sec@saas.test")),
+        ],
+    )
+
+
+def test_parse_caa_response_odd_bytes_stay_visible() -> None:
+    message = response(APEX, "CAA", f'{APEX}. 300 IN CAA 0 issue "le\\255.org"')
+    (answer,) = parse_caa_response(message).caa
+    assert answer.record.value == "le\\xff.org"
+    assert not caa_decision([answer.record], LE).allowed
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ('"digicert.com"', "allows only digicert.com"),
+        ('";"', 'forbids all certificate issuance (issue ";")'),
+    ],
+)
+async def test_recorded_edge_set_forbids_through_the_alias(
+    resolver: RecordedResolver, value: str, reason: str
+) -> None:
+    resolver.record(
+        HOST, "CAA", f"{HOST}. 300 IN CNAME {EDGE}.", f"{EDGE}. 300 IN CAA 0 issue {value}"
+    )
+    resolver.record(APEX, "CAA", f'{APEX}. 300 IN CAA 0 issue "letsencrypt.org"')
+    error = await recorded_caa_error()
+    assert error.code is ErrorCode.DNS_CAA
+    assert error.message == f"CAA at {EDGE} (via {HOST} → {EDGE}) {reason}"
+    assert error.found == [f"0 issue {value}"]
+    assert error.expected == LE
+    assert resolver.asked == [f"CAA {HOST}"]  # the edge's set decides; the apex is not asked
+
+
+async def test_recorded_edge_allows_although_the_apex_names_another_ca(
+    resolver: RecordedResolver,
+) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME {EDGE}.",
+        f'{EDGE}. 300 IN CAA 0 issue "letsencrypt.org"',
+    )
+    resolver.record(APEX, "CAA", f'{APEX}. 300 IN CAA 0 issue "sectigo.com"')
+    dns_checker = checker()
+    verdict = await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)
+    assert verdict.allowed
+    assert verdict.reason == f"CAA at {EDGE} (via {HOST} → {EDGE}) allows letsencrypt.org"
+    assert resolver.asked == [f"CAA {HOST}"]
+
+
+async def test_recorded_nodata_at_the_edge_climbs_to_the_apex(resolver: RecordedResolver) -> None:
+    # The resolver answers the alias chain only: the edge has no CAA RRset.
+    resolver.record(HOST, "CAA", f"{HOST}. 300 IN CNAME {EDGE}.")
+    resolver.record(
+        APEX,
+        "CAA",
+        f'{APEX}. 300 IN CAA 0 issue "sectigo.com"',
+        f'{APEX}. 300 IN CAA 0 iodef "mailto:it@customer.test"',
+    )
+    error = await recorded_caa_error()
+    assert error.code is ErrorCode.DNS_CAA
+    assert error.message == f"CAA at {APEX} allows only sectigo.com (applies to {HOST})"
+    assert error.found == ['0 issue "sectigo.com"', '0 iodef "mailto:it@customer.test"']
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}"]
+
+
+async def test_recorded_two_hop_chain(resolver: RecordedResolver) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME lb.cdn.test.",
+        f"lb.cdn.test. 300 IN CNAME {EDGE}.",
+        f'{EDGE}. 300 IN CAA 0 issue "digicert.com"',
+    )
+    error = await recorded_caa_error()
+    assert error.message == (
+        f"CAA at {EDGE} (via {HOST} → lb.cdn.test → {EDGE}) allows only digicert.com"
+    )
+
+
+async def test_recorded_dname_is_followed_through_its_synthesized_cname(
+    resolver: RecordedResolver,
+) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{APEX}. 300 IN DNAME brand.test.",
+        f"{HOST}. 300 IN CNAME shop.brand.test.",
+        'shop.brand.test. 300 IN CAA 0 issue "digicert.com"',
+    )
+    error = await recorded_caa_error()
+    assert error.message == (
+        f"CAA at shop.brand.test (via {HOST} → shop.brand.test) allows only digicert.com"
+    )
+
+
+async def test_recorded_parents_of_the_alias_target_are_never_consulted(
+    resolver: RecordedResolver,
+) -> None:
+    # The edge (outside the hostname's tree) has no CAA; its parent does.
+    resolver.record(HOST, "CAA", f"{HOST}. 300 IN CNAME {EDGE}.")
+    resolver.record("saas.test", "CAA", 'saas.test. 300 IN CAA 0 issue "digicert.com"')
+    resolver.record(APEX, "CAA")
+    resolver.record("test", "CAA")
+    dns_checker = checker()
+    verdict = await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)
+    assert verdict.allowed
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}", "CAA test"]
+
+
+async def test_recorded_caa_owned_off_the_chain_is_ignored(resolver: RecordedResolver) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME {EDGE}.",
+        'stray.other.test. 300 IN CAA 0 issue "digicert.com"',
+    )
+    dns_checker = checker()
+    assert (await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)).allowed
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}", "CAA test"]
+
+
+@pytest.mark.parametrize(
+    ("methods", "allowed"),
+    [("dns-01", False), ("http-01,dns-01", True), ("dns-01,http-01", True), ("tls-alpn-01", False)],
+)
+async def test_recorded_validationmethods(
+    resolver: RecordedResolver, methods: str, allowed: bool
+) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME {EDGE}.",
+        f'{EDGE}. 300 IN CAA 0 issue "letsencrypt.org; validationmethods={methods}"',
+    )
+    dns_checker = checker(ACCOUNT)
+    if allowed:
+        assert (await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)).allowed
+        return
+    error = await recorded_caa_error(account_uri=ACCOUNT)
+    assert error.code is ErrorCode.DNS_CAA
+    assert error.message == (
+        f"CAA at {EDGE} (via {HOST} → {EDGE}) allows letsencrypt.org "
+        f"only with validationmethods={methods} (we validate with http-01)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("ours", "reason"),
+    [
+        (ACCOUNT, None),
+        (OTHER_ACCOUNT, f"only for account {ACCOUNT} (ours is {OTHER_ACCOUNT})"),
+        (None, f"only for account {ACCOUNT} (our ACME account URL is not known yet)"),
+    ],
+)
+async def test_recorded_accounturi(
+    resolver: RecordedResolver, ours: str | None, reason: str | None
+) -> None:
+    resolver.record(
+        HOST,
+        "CAA",
+        f"{HOST}. 300 IN CNAME {EDGE}.",
+        f'{EDGE}. 300 IN CAA 0 issue "letsencrypt.org; accounturi={ACCOUNT}"',
+    )
+    if reason is None:
+        dns_checker = checker(ours)
+        assert (await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)).allowed
+        return
+    error = await recorded_caa_error(account_uri=ours)
+    assert error.code is ErrorCode.DNS_CAA
+    assert error.message == f"CAA at {EDGE} (via {HOST} → {EDGE}) allows letsencrypt.org {reason}"
+    assert error.found == [f'0 issue "letsencrypt.org; accounturi={ACCOUNT}"']
+
+
+async def test_recorded_servfail_on_a_parent_is_temporary(resolver: RecordedResolver) -> None:
+    resolver.record(HOST, "CAA", f"{HOST}. 300 IN CNAME {EDGE}.")
+    resolver.record(APEX, "CAA", rcode="SERVFAIL")
+    resolver.record("test", "CAA", 'test. 300 IN CAA 0 issue "letsencrypt.org"')
+    error = await recorded_caa_error()
+    assert error.code is ErrorCode.ACME_TEMPORARY
+    assert error.message == (
+        f"CAA lookup for {APEX} failed: resolver 127.0.0.1:53 answered SERVFAIL "
+        f"(applies to {HOST})"
+    )
+    assert error.expected == LE
+    assert not error.non_retryable
+    assert isinstance(error.__cause__, DnsLookupError)
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}"]
+
+
+async def test_recorded_timeout_is_temporary(resolver: RecordedResolver) -> None:
+    resolver.time_out(HOST, "CAA")
+    error = await recorded_caa_error()
+    assert error.code is ErrorCode.ACME_TEMPORARY
+    assert "no answer from resolver 127.0.0.1:53" in error.message
+
+
+async def test_recorded_full_check(resolver: RecordedResolver) -> None:
+    resolver.record(HOST, "CNAME", f"{HOST}. 300 IN CNAME {EDGE}.")
+    resolver.record(
+        HOST, "CAA", f"{HOST}. 300 IN CNAME {EDGE}.", f'{EDGE}. 300 IN CAA 0 issue "digicert.com"'
+    )
+    with pytest.raises(DnsCheckError) as info:
+        await checker().check("Shop.Customer.Test.")
+    assert info.value.code is ErrorCode.DNS_CAA
+    assert info.value.message == f"CAA at {EDGE} (via {HOST} → {EDGE}) allows only digicert.com"
+    assert resolver.asked == [f"CNAME {HOST}", f"CAA {HOST}"]
 
 
 # --------------------------------------------------------------------------- CNAME chain
@@ -456,9 +1004,11 @@ async def test_checker_runs_cname_then_caa() -> None:
         calls.append(f"CNAME {name}")
         return [CnameAnswer(name, TARGET)] if name == "shop.acme.test" else []
 
-    async def fake_caa(name: str) -> list[CaaAnswer]:
+    async def fake_caa(name: str) -> CaaAnswerSet:
         calls.append(f"CAA {name}")
-        return owned("acme.test", issue("other-ca.org")) if name == "acme.test" else []
+        if name == "acme.test":
+            return owned("acme.test", issue("other-ca.org"))
+        return CaaAnswerSet()
 
     # Frozen dataclass: patch the instance's lookups through object.__setattr__.
     object.__setattr__(checker, "lookup_cname", fake_cname)
@@ -467,6 +1017,13 @@ async def test_checker_runs_cname_then_caa() -> None:
         await checker.check(" Shop.Acme.Test. ")
     assert info.value.code is ErrorCode.DNS_CAA
     assert calls == ["CNAME shop.acme.test", "CAA shop.acme.test", "CAA acme.test"]
+
+
+def test_checker_builds_the_caa_issuer() -> None:
+    checker = DnsChecker("127.0.0.1:53", TARGET, "LetsEncrypt.org.", account_uri=ACCOUNT)
+    assert checker.caa_issuer == CaaIssuer((LE,), account_uri=ACCOUNT)
+    assert DnsChecker("127.0.0.1:53", TARGET, LE).caa_issuer.account_uri is None
+    assert DnsChecker("127.0.0.1:53", TARGET, LE, account_uri="").account_uri is None
 
 
 @pytest.mark.parametrize(
