@@ -6,16 +6,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the demo and tests need: Pebble (CA + mock DNS) and
-# docker-compose (only to validate docker-compose.yml; no engine is used).
+# Debian packages the demo and tests need: Pebble (CA + mock DNS), Knot and
+# Unbound (a real authoritative DNS server and the recursive resolver Let's
+# Encrypt uses, for certflow/dev/realdns.py), kdig for poking at them by hand,
+# and docker-compose (only to validate docker-compose.yml; no engine is used).
+# The tests run knotd and unbound as their own processes; the packages' system
+# services are kept from starting (policy-rc.d below).
 missing=()
 command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
+command -v knotd >/dev/null 2>&1 && command -v knotc >/dev/null 2>&1 || missing+=(knot)
+command -v unbound >/dev/null 2>&1 && command -v unbound-control >/dev/null 2>&1 || missing+=(unbound)
+command -v kdig >/dev/null 2>&1 || missing+=(knot-dnsutils)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "certflow setup: installing Debian packages: ${missing[*]}" >&2
         apt-get update -qq >/dev/null
+        # Exit code 101 tells invoke-rc.d not to start the packages' services.
+        policy=/usr/sbin/policy-rc.d
+        created_policy=
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy"
+            chmod 755 "$policy"
+            created_policy=1
+            trap 'rm -f "$policy"' EXIT
+        fi
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        if [ -n "$created_policy" ]; then
+            rm -f "$policy"
+            trap - EXIT
+        fi
     else
         echo "certflow setup: missing ${missing[*]}. Install with 'sudo apt-get install ${missing[*]}'" \
              "(Debian/Ubuntu); Pebble is also released at https://github.com/letsencrypt/pebble." >&2

@@ -326,7 +326,13 @@ def _fqdn(host: str) -> str:
 
 @dataclass
 class PebbleStack:
-    """A running Pebble ACME CA plus the pebble-challtestsrv mock DNS it resolves with."""
+    """A running Pebble ACME CA plus the pebble-challtestsrv mock DNS it resolves with.
+
+    Started with ``start_pebble(dns_server=...)`` there is no challtestsrv:
+    ``dns_resolver`` is that server, ``challtestsrv_url`` is ``""`` and the mock
+    DNS methods (``set_cname``, ``add_caa``, ``add_a``, ...) raise StackError;
+    edit records with ``certflow.dev.realdns.RealDns`` instead.
+    """
 
     directory_url: str
     ca_bundle: Path
@@ -340,6 +346,12 @@ class PebbleStack:
         return ssl.create_default_context(cafile=str(self.ca_bundle))
 
     def _dns(self, path: str, payload: dict[str, Any]) -> None:
+        if not self.challtestsrv_url:
+            raise StackError(
+                f"this Pebble resolves through {self.dns_resolver}, not challtestsrv: "
+                f"no mock DNS to {path.lstrip('/')}; edit the records with RealDns "
+                "(certflow.dev.realdns) instead"
+            )
         _request(f"{self.challtestsrv_url}{path}", payload=payload)
 
     def set_cname(self, host: str, target: str) -> None:
@@ -412,15 +424,32 @@ def start_pebble(
     va_nosleep: bool = True,
     va_always_valid: bool = False,
     ca_port: int | None = None,
+    dns_server: str | None = None,
 ) -> PebbleStack:
     """Start pebble-challtestsrv and Pebble (resolving through it) in ``workdir``.
 
     ``authz_reuse_percent=None`` keeps Pebble's default (50 %).
     ``va_always_valid`` makes Pebble accept every challenge without checking.
+    ``dns_server`` (``host:port``, e.g. ``RealDns.resolver``) makes Pebble
+    resolve through that server instead; challtestsrv is then not started and
+    the stack's mock DNS methods raise StackError (see :class:`PebbleStack`).
     """
     pebble = _find_binary("pebble", PEBBLE_HINT)
-    challtestsrv = _find_binary("pebble-challtestsrv", PEBBLE_HINT)
     workdir.mkdir(parents=True, exist_ok=True)
+    if dns_server is not None:
+        return _start_pebble_ca(
+            pebble,
+            workdir,
+            processes=[],
+            dns_resolver=dns_server,
+            challtestsrv_url="",
+            nonce_reject_percent=nonce_reject_percent,
+            authz_reuse_percent=authz_reuse_percent,
+            va_nosleep=va_nosleep,
+            va_always_valid=va_always_valid,
+            ca_port=ca_port,
+        )
+    challtestsrv = _find_binary("pebble-challtestsrv", PEBBLE_HINT)
 
     dns_port, dns_mgmt_port = free_port(), free_port()
     chall = _Process(
@@ -448,54 +477,82 @@ def start_pebble(
     )
 
     try:
-        ca_bundle, cert_file, key_file = write_tls_files(workdir)
-        acme_port, mgmt_port = ca_port or free_port(), free_port()
-        _require_free("pebble", acme_port)
-        http01_port, tls_port = free_port(), free_port()
-        config = {
-            "pebble": {
-                "listenAddress": f"127.0.0.1:{acme_port}",
-                "managementListenAddress": f"127.0.0.1:{mgmt_port}",
-                "certificate": str(cert_file),
-                "privateKey": str(key_file),
-                "httpPort": http01_port,
-                "tlsPort": tls_port,
-                "ocspResponderURL": "",
-                "externalAccountBindingRequired": False,
-            }
-        }
-        config_file = workdir / "pebble-config.json"
-        config_file.write_text(json.dumps(config, indent=2))
-        env = {"PEBBLE_WFE_NONCEREJECT": str(nonce_reject_percent)}
-        if va_nosleep:
-            env["PEBBLE_VA_NOSLEEP"] = "1"
-        if va_always_valid:
-            env["PEBBLE_VA_ALWAYS_VALID"] = "1"
-        if authz_reuse_percent is not None:
-            env["PEBBLE_AUTHZREUSE"] = str(authz_reuse_percent)
-        ca = _Process(
-            "pebble",
-            [pebble, "-config", str(config_file), "-dnsserver", f"127.0.0.1:{dns_port}"],
-            workdir / "pebble.log",
-            env,
-        )
-        stack = PebbleStack(
-            directory_url=f"https://127.0.0.1:{acme_port}/dir",
-            ca_bundle=ca_bundle,
-            management_url=f"https://127.0.0.1:{mgmt_port}",
+        return _start_pebble_ca(
+            pebble,
+            workdir,
+            processes=[chall],
             dns_resolver=f"127.0.0.1:{dns_port}",
             challtestsrv_url=challtestsrv_url,
-            http01_port=http01_port,
-            _processes=[chall, ca],
-        )
-        ca.start()
-        context = stack._ssl()
-        ca.wait_ready(
-            lambda: _answers(lambda: _request(stack.directory_url, context=context)), 30
+            nonce_reject_percent=nonce_reject_percent,
+            authz_reuse_percent=authz_reuse_percent,
+            va_nosleep=va_nosleep,
+            va_always_valid=va_always_valid,
+            ca_port=ca_port,
         )
     except BaseException:
         chall.stop()
         raise
+
+
+def _start_pebble_ca(
+    pebble: str,
+    workdir: Path,
+    *,
+    processes: list[_Process],
+    dns_resolver: str,
+    challtestsrv_url: str,
+    nonce_reject_percent: int,
+    authz_reuse_percent: int | None,
+    va_nosleep: bool,
+    va_always_valid: bool,
+    ca_port: int | None,
+) -> PebbleStack:
+    """Start Pebble itself, resolving through ``dns_resolver``."""
+    ca_bundle, cert_file, key_file = write_tls_files(workdir)
+    acme_port, mgmt_port = ca_port or free_port(), free_port()
+    _require_free("pebble", acme_port)
+    http01_port, tls_port = free_port(), free_port()
+    config = {
+        "pebble": {
+            "listenAddress": f"127.0.0.1:{acme_port}",
+            "managementListenAddress": f"127.0.0.1:{mgmt_port}",
+            "certificate": str(cert_file),
+            "privateKey": str(key_file),
+            "httpPort": http01_port,
+            "tlsPort": tls_port,
+            "ocspResponderURL": "",
+            "externalAccountBindingRequired": False,
+        }
+    }
+    config_file = workdir / "pebble-config.json"
+    config_file.write_text(json.dumps(config, indent=2))
+    env = {"PEBBLE_WFE_NONCEREJECT": str(nonce_reject_percent)}
+    if va_nosleep:
+        env["PEBBLE_VA_NOSLEEP"] = "1"
+    if va_always_valid:
+        env["PEBBLE_VA_ALWAYS_VALID"] = "1"
+    if authz_reuse_percent is not None:
+        env["PEBBLE_AUTHZREUSE"] = str(authz_reuse_percent)
+    ca = _Process(
+        "pebble",
+        [pebble, "-config", str(config_file), "-dnsserver", dns_resolver],
+        workdir / "pebble.log",
+        env,
+    )
+    stack = PebbleStack(
+        directory_url=f"https://127.0.0.1:{acme_port}/dir",
+        ca_bundle=ca_bundle,
+        management_url=f"https://127.0.0.1:{mgmt_port}",
+        dns_resolver=dns_resolver,
+        challtestsrv_url=challtestsrv_url,
+        http01_port=http01_port,
+        _processes=[*processes, ca],
+    )
+    ca.start()
+    context = stack._ssl()
+    ca.wait_ready(
+        lambda: _answers(lambda: _request(stack.directory_url, context=context)), 30
+    )
     return stack
 
 
