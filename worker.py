@@ -23,7 +23,7 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
 from activities.acme_client import AcmeClients, ensure_account
-from activities.acme_orders import AcmeActivities
+from activities.acme_orders import AcmeActivities, OrderPacing
 from activities.dns_checks import DnsActivities, DnsChecker
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
@@ -116,6 +116,10 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 executor,
                 profile=settings.acme_profile,
                 metrics=metrics,
+                pacing=OrderPacing(
+                    max_orders_in_flight=settings.max_new_orders_in_flight,
+                    polls_per_second=settings.acme_polls_per_second,
+                ),
             ),
             ReconcileActivities(pool, client, settings.task_queue),
             *webhook_activities(settings),

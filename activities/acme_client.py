@@ -27,6 +27,7 @@ from acme import messages
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from activities.acme_problems import problem_error
 from certflow import accounts
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
@@ -95,7 +96,9 @@ def _problem_suffix(problem_type: str) -> str:
 
 def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
     """Translate whatever a CA call raised into the typed error (SPEC §4 order:
-    rate limit first, then invalid order, then temporary)."""
+    rate limit first, then invalid order, then temporary), with the meaning
+    ``activities.acme_problems`` gives it: a rate limit's scope, a refusal's code
+    (ACME_REJECTED, DNS_CAA, ACME_INVALID_ORDER), a refused ``replaces``."""
     if isinstance(exc, AcmeProblemError):
         return exc
     problem_type = ""
@@ -122,24 +125,11 @@ def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
     elif isinstance(exc, requests.RequestException):
         detail = f"cannot reach the CA: {type(exc).__name__}: {exc}"
 
-    retry_after = parse_retry_after(retry_after_header)
-    suffix = _problem_suffix(problem_type)
-    if suffix == "ratelimited" or status == 429 or (status == 503 and retry_after is not None):
-        code = ErrorCode.ACME_RATE_LIMITED
-        message = f"the CA is rate-limiting: {detail}"
-    elif status == 401 or suffix == "unauthorized":
-        code = ErrorCode.ACME_INVALID_ORDER
-        message = f"the CA refused the order: {detail}"
-    else:
-        code = ErrorCode.ACME_TEMPORARY
-        message = f"CA request failed: {detail}"
-    return AcmeProblemError(
-        code=code,
-        message=message,
-        problem_type=problem_type,
-        detail=detail,
+    return problem_error(
+        problem_type,
+        detail,
         http_status=status,
-        retry_after_seconds=retry_after,
+        retry_after_seconds=parse_retry_after(retry_after_header),
         subproblems=subproblems,
     )
 
@@ -153,6 +143,8 @@ class AcmeAccount:
     key: JWKEC
     directory_json: dict[str, Any]
     verify: str | bool
+    takes_replaces: bool = True
+    """False once the CA refused RFC 9773 ``replaces`` (renewals go without it)."""
 
 
 def _account_network(key: JWKEC, verify: str | bool) -> AcmeNetwork:
@@ -243,7 +235,8 @@ async def ensure_account(
                     conn, directory_url, account_url, encryption_key.encrypt(pem)
                 )
     log.info("ACME account ready", extra={"account_url": account_url})
-    return AcmeAccount(directory_url, account_url, key, directory_json, verify)
+    takes_replaces = stored.takes_replaces if stored is not None else True
+    return AcmeAccount(directory_url, account_url, key, directory_json, verify, takes_replaces)
 
 
 def check_profile(directory_json: dict[str, Any], profile: str | None) -> None:

@@ -23,10 +23,20 @@ from acme import challenges, messages
 from acme import client as acme_client
 from acme.client import _renewal_info_path_component  # acme's RFC 9773 certificate id
 from cryptography import x509
+from josepy import json_util
 from temporalio import activity
 
-from activities.acme_client import AcmeClients, classify_acme_failure, parse_retry_after
-from certflow import certificates, cooldown
+from activities.acme_client import (
+    DEFAULT_RATE_LIMIT_SECONDS,
+    AcmeClients,
+    classify_acme_failure,
+    parse_retry_after,
+)
+from activities.acme_problems import UNKNOWN_LIMIT, challenge_failure, problem_suffix
+from activities.pacing import PollPacer
+from certflow import accounts, certificates, cooldown
+from certflow.hostnames import registered_domain
+from certflow.order_slots import NoOrderSlotError, order_slot
 from certflow.crypto import (
     CertificateInfo,
     DecryptionError,
@@ -43,6 +53,9 @@ from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_appli
 from certflow.metrics import CertflowMetrics
 from certflow.tracing import step_span
 from certflow.models import (
+    Cooldown,
+    LimitScope,
+    OrderKind,
     ISSUABLE,
     AcmeStatus,
     AcceptChallengeInput,
@@ -65,6 +78,35 @@ REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
 ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
+MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # SPEC §4: a longer Retry-After is capped
+ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
+BUSY_SLOTS_RETRY_SECONDS = 5.0
+PAUSED_RECHECK_SECONDS = 86400.0
+
+
+@dataclass(frozen=True)
+class OrderPacing:
+    """How hard this worker pushes the CA (settings ``MAX_NEW_ORDERS_IN_FLIGHT``,
+    ``ACME_POLLS_PER_SECOND``)."""
+
+    max_orders_in_flight: int = 4
+    """New-order requests in flight at once for the account, across every worker."""
+    polls_per_second: float = 20.0
+    """Order and authorization polls of this worker, all certificates together."""
+
+
+class RenewalOrder(messages.NewOrder):
+    """A new order that may name the certificate it replaces (RFC 9773 §5)."""
+
+    replaces: str | None = json_util.field("replaces", omitempty=True)
+
+
+def _scope_key(scope: LimitScope, hostname: str) -> str:
+    if scope is LimitScope.HOSTNAME:
+        return hostname
+    if scope is LimitScope.REGISTERED_DOMAIN:
+        return registered_domain(hostname)
+    return ""
 
 
 def _issued(info: CertificateInfo) -> IssuedCertificate:
@@ -101,6 +143,7 @@ class AcmeActivities:
         executor: ThreadPoolExecutor,
         profile: str | None = None,
         metrics: CertflowMetrics | None = None,
+        pacing: OrderPacing = OrderPacing(),
     ) -> None:
         self._clients = clients
         self._pool = pool
@@ -109,6 +152,9 @@ class AcmeActivities:
         self._executor = executor
         self._profile = profile
         self._metrics = metrics or CertflowMetrics()
+        self._pacing = pacing
+        self._polls = PollPacer(pacing.polls_per_second)
+        self._takes_replaces = clients.account.takes_replaces
 
     async def _step(
         self,
@@ -134,8 +180,18 @@ class AcmeActivities:
     def _directory_url(self) -> str:
         return self._clients.account.directory_url
 
-    async def _call(self, fn: Callable[[acme_client.ClientV2], T]) -> T:
-        """Run one blocking exchange with a borrowed client; CA failures become typed errors."""
+    async def _call(
+        self,
+        fn: Callable[[acme_client.ClientV2], T],
+        *,
+        hostname: str | None = None,
+        poll: bool = False,
+    ) -> T:
+        """Run one blocking exchange with a borrowed client; CA failures become typed
+        errors, a rate limit recorded as the cooldown of its scope (for ``hostname``,
+        when the exchange concerns one). ``poll``: the exchange reads an existing
+        order or authorization, and a 503 with Retry-After backs off that order
+        alone — it sets no cooldown for new orders."""
 
         def run() -> T:
             with self._clients.borrow() as client:
@@ -146,21 +202,47 @@ class AcmeActivities:
         except CertflowError:
             raise
         except Exception as exc:
-            raise await self._typed(classify_acme_failure(exc)) from None
+            raise await self._typed(classify_acme_failure(exc), hostname, poll) from None
 
-    async def _typed(self, err: AcmeProblemError) -> AcmeProblemError:
-        """Count the CA error; record a rate limit as the shared cooldown before reporting it."""
+    async def _typed(
+        self, err: AcmeProblemError, hostname: str | None = None, poll: bool = False
+    ) -> AcmeProblemError:
+        """Count the CA error; cap an absurd Retry-After; record a rate limit as the
+        cooldown of the scope the CA's limit applies to (SPEC §4)."""
         self._metrics.acme_error(err.problem_type)
-        if err.code is ErrorCode.ACME_RATE_LIMITED:
-            seconds = err.retry_after_seconds
-            if seconds is None:
-                seconds = 3600.0
-            if seconds > 0:
-                until = await cooldown.extend_cooldown(
-                    self._pool, self._directory_url, seconds, err.problem_type, err.detail
-                )
-                err.retry_after_seconds = max(0.0, until.timestamp() - time.time())
-                self._metrics.cooldown(until)
+        if err.code is not ErrorCode.ACME_RATE_LIMITED:
+            return err
+        seconds = err.retry_after_seconds
+        if seconds is None:
+            # A paused hostname does not come back by waiting (only the CA's portal
+            # lifts it): look again a day later, not every hour.
+            seconds = PAUSED_RECHECK_SECONDS if err.paused else DEFAULT_RATE_LIMIT_SECONDS
+        if seconds > MAX_RETRY_AFTER_SECONDS:
+            activity.logger.warning(
+                "the CA asked to wait %.0f s; waiting the 7-day cap instead",
+                seconds,
+                extra={"detail": err.detail, "problem_type": err.problem_type},
+            )
+            seconds = MAX_RETRY_AFTER_SECONDS
+        err.retry_after_seconds = seconds
+        scope = LimitScope(err.limit_scope or LimitScope.ACCOUNT)
+        if poll and err.http_status == 503:
+            return err  # the overall request rate, read on this order: back off it alone
+        if scope is not LimitScope.ACCOUNT and hostname is None:
+            return err  # no key for the scope: the order waits, nothing else is held
+        if seconds > 0:
+            until = await cooldown.extend_cooldown(
+                self._pool,
+                self._directory_url,
+                scope,
+                _scope_key(scope, hostname or ""),
+                err.limit_name or UNKNOWN_LIMIT,
+                seconds,
+                err.problem_type,
+                err.detail,
+            )
+            err.retry_after_seconds = max(0.0, until.timestamp() - time.time())
+            self._metrics.cooldown(until)
         return err
 
     def _post_as_get(self, client: acme_client.ClientV2, url: str) -> _Fetched:
@@ -169,10 +251,17 @@ class AcmeActivities:
 
     @activity.defn(name="cooldown_remaining")
     async def cooldown_remaining(self, hostname: str) -> float:
-        """Seconds left of this CA's shared rate-limit cooldown (0 when none)."""
-        active = await cooldown.active_cooldown(self._pool, self._directory_url)
-        self._metrics.cooldown(active.until if active else None)
-        return max(0.0, active.until.timestamp() - time.time()) if active else 0.0
+        """Seconds left of the rate-limit cooldowns that hold back a new order for
+        hostname (0 when none): the account's, its registered domain's, its own,
+        less those a renewal is exempt from when it has a certificate."""
+        kind = await certificates.order_kind(self._pool, hostname)
+        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
+        return max(0.0, held.until.timestamp() - time.time()) if held else 0.0
+
+    async def _cooldowns_for(self, hostname: str, kind: OrderKind) -> list[Cooldown]:
+        return await cooldown.applicable_cooldowns(
+            self._pool, self._directory_url, hostname, registered_domain(hostname), kind
+        )
 
     # -- create_order ------------------------------------------------------
 
@@ -188,24 +277,89 @@ class AcmeActivities:
             span_attributes={"certificate.hostname": input.hostname},
         )
 
-    async def _create_order(self, hostname: str) -> OpenedOrder:
-        active = await cooldown.active_cooldown(self._pool, self._directory_url)
-        self._metrics.cooldown(active.until if active else None)
-        if active is not None:
-            remaining = max(0.0, active.until.timestamp() - time.time())
+    async def _create_order(
+        self,
+        hostname: str,
+        kind: OrderKind = OrderKind.NEW,
+        certificate_id: str | None = None,
+    ) -> OpenedOrder:
+        """Send new-order, unless a cooldown in a scope that applies holds this kind of
+        order back; at most ``max_orders_in_flight`` at a time for the account. A
+        renewal names the certificate it replaces (RFC 9773 §5) when the CA takes
+        it; refused, it is sent once more without."""
+        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
+        if held is not None:
+            remaining = max(0.0, held.until.timestamp() - time.time())
+            where = "this account" if held.scope is LimitScope.ACCOUNT else f"{held.scope_key}"
             raise AcmeProblemError(
                 code=ErrorCode.ACME_RATE_LIMITED,
-                message=f"the CA is rate-limiting new orders until {active.until.isoformat()}",
-                problem_type=active.problem_type or "",
-                detail=active.detail or "",
+                message=(
+                    f"the CA is rate-limiting new orders for {where} until"
+                    f" {held.until.isoformat()}: {held.detail or held.limit_name}"
+                ),
+                problem_type=held.problem_type or "",
+                detail=held.detail or "",
                 retry_after_seconds=remaining,
+                limit_scope=str(held.scope),
+                limit_name=held.limit_name,
             )
-        return await self._call(lambda client: self._open_order(client, hostname))
+        replaces = None
+        if kind is not OrderKind.NEW and certificate_id is not None:
+            replaces = await self._replaces(certificate_id)
+        try:
+            async with order_slot(
+                self._pool,
+                self._directory_url,
+                self._pacing.max_orders_in_flight,
+                timeout=ORDER_SLOT_WAIT,
+            ):
+                return await self._send_new_order(hostname, replaces)
+        except NoOrderSlotError as err:
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_RATE_LIMITED,
+                message=f"waiting for a new-order slot of the account: {err}",
+                retry_after_seconds=BUSY_SLOTS_RETRY_SECONDS,
+            ) from None
 
-    def _open_order(self, client: acme_client.ClientV2, hostname: str) -> OpenedOrder:
-        new_order = messages.NewOrder(
+    async def _send_new_order(self, hostname: str, replaces: str | None) -> OpenedOrder:
+        try:
+            return await self._call(
+                lambda client: self._open_order(client, hostname, replaces),
+                hostname=hostname,
+            )
+        except AcmeProblemError as err:
+            if replaces is None or not err.replaces_refused:
+                raise
+            if problem_suffix(err.problem_type) != "alreadyreplaced":
+                # Malformed or unknown to it: this CA does not take `replaces`.
+                self._takes_replaces = False
+                await accounts.refuse_replaces(self._pool, self._directory_url)
+            activity.logger.warning(
+                "the CA refused `replaces`; ordering once without it",
+                extra={"detail": err.detail, "problem_type": err.problem_type},
+            )
+            return await self._call(
+                lambda client: self._open_order(client, hostname, None),
+                hostname=hostname,
+            )
+
+    async def _replaces(self, certificate_id: str) -> str | None:
+        """The RFC 9773 certID of the certificate a renewal replaces, when the CA has
+        ARI and takes ``replaces``."""
+        if not self._takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
+            return None
+        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
+        if leaf_pem is None:
+            return None
+        return str(_renewal_info_path_component(x509.load_pem_x509_certificate(leaf_pem.encode())))
+
+    def _open_order(
+        self, client: acme_client.ClientV2, hostname: str, replaces: str | None
+    ) -> OpenedOrder:
+        new_order = RenewalOrder(
             identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=hostname)],
             profile=self._profile or None,
+            replaces=replaces,
         )
         response = client.net.post(
             client.directory["newOrder"], new_order, new_nonce_url=self._clients.new_nonce_url
@@ -223,6 +377,7 @@ class AcmeActivities:
                     challenge_url=challb.uri,
                     token=token,
                     key_authorization=self._clients.key_authorization(token),
+                    replaces=replaces,
                 )
         raise AcmeProblemError(
             code=ErrorCode.ACME_TEMPORARY,
@@ -274,7 +429,7 @@ class AcmeActivities:
             stored = await certificates.stored_open_order(self._pool, input.certificate_id)
             if stored is not None:
                 return stored
-        order = await self._create_order(input.hostname)
+        order = await self._create_order(input.hostname, input.kind, input.certificate_id)
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
         if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
@@ -303,13 +458,9 @@ class AcmeActivities:
             # Pebble answers `malformed` to a second accept; only the status tells.
             challenge = self._post_as_get(client, challenge_url).body
             if challenge.get("status") == AcmeStatus.INVALID:
-                detail = str((challenge.get("error") or {}).get("detail") or "challenge invalid")
-                raise AcmeProblemError(
-                    code=ErrorCode.ACME_INVALID_ORDER,
-                    message=f"the CA could not validate the domain: {detail}",
-                    problem_type=str((challenge.get("error") or {}).get("type") or ""),
-                    detail=detail,
-                ) from None
+                # Table 2: caa → DNS_CAA, rejectedIdentifier → ACME_REJECTED, a failed
+                # validation → ACME_INVALID_ORDER, each with the CA's detail.
+                raise challenge_failure(challenge.get("error"), "challenge invalid") from None
             if challenge.get("status") not in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
                 raise
 
@@ -336,7 +487,7 @@ class AcmeActivities:
         interval = FAST_POLL_FIRST
         reaccept_checked = False
         while True:
-            fetched = await self._call(lambda client: self._post_as_get(client, input.order_url))
+            fetched = await self._poll(input.order_url)
             activity.heartbeat()
             status = _order_status(fetched.body)
             if status in ISSUABLE:
@@ -354,9 +505,11 @@ class AcmeActivities:
                 reaccept_checked = True
                 url = input.challenge_url
                 await self._call(lambda client: self._reaccept_if_pending(client, url))
-            if now >= deadline:
+            # The CA's pacing wins: a Retry-After beyond the window ends it early.
+            wait = max(interval, fetched.retry_after or 0.0)
+            if now >= deadline or now + wait > deadline and fetched.retry_after:
                 return OrderProgress(status=status, retry_after_seconds=fetched.retry_after)
-            await asyncio.sleep(min(interval, max(0.0, deadline - now)))
+            await asyncio.sleep(min(wait, max(0.0, deadline - now)))
             interval = min(interval * 1.5, FAST_POLL_MAX)
 
     def _reaccept_if_pending(self, client: acme_client.ClientV2, challenge_url: str) -> None:
@@ -376,14 +529,7 @@ class AcmeActivities:
                         break
             except CertflowError:
                 pass
-        detail = str(problem.get("detail") or "the order became invalid")
-        return AcmeProblemError(
-            code=ErrorCode.ACME_INVALID_ORDER,
-            message=f"the CA could not validate the domain: {detail}",
-            problem_type=str(problem.get("type") or ""),
-            detail=detail,
-            subproblems=list(problem.get("subproblems") or []),
-        )
+        return challenge_failure(problem, "the order became invalid")
 
     # -- finalize_and_store --------------------------------------------------
 
@@ -479,7 +625,8 @@ class AcmeActivities:
         deadline = time.monotonic() + FINALIZE_WAIT
         interval = FAST_POLL_FIRST
         while True:
-            order = (await self._call(lambda client: self._post_as_get(client, order_url))).body
+            fetched = await self._poll(order_url)
+            order = fetched.body
             activity.heartbeat()
             if order.get("status") == AcmeStatus.VALID and order.get("certificate"):
                 return str(order["certificate"])
@@ -490,8 +637,14 @@ class AcmeActivities:
                     code=ErrorCode.ACME_TEMPORARY,
                     message=f"order still {order.get('status')} {FINALIZE_WAIT:.0f}s after finalize",
                 )
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(interval, fetched.retry_after or 0.0))
             interval = min(interval * 1.5, FAST_POLL_MAX)
+
+    async def _poll(self, url: str) -> _Fetched:
+        """POST-as-GET an order (or authorization), paced with every other poll of
+        this worker."""
+        await self._polls.acquire()
+        return await self._call(lambda client: self._post_as_get(client, url), poll=True)
 
     def _download(self, client: acme_client.ClientV2, certificate_url: str) -> str:
         response = client.net.post(

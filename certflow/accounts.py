@@ -15,6 +15,7 @@ import asyncpg
 class StoredAccount:
     account_url: str
     encrypted_key: bytes
+    takes_replaces: bool = True
 
 
 async def lock_directory(conn: asyncpg.Connection, directory_url: str) -> None:
@@ -24,12 +25,15 @@ async def lock_directory(conn: asyncpg.Connection, directory_url: str) -> None:
 
 async def stored_account(conn: asyncpg.Connection, directory_url: str) -> StoredAccount | None:
     row = await conn.fetchrow(
-        "SELECT account_url, encrypted_account_key FROM acme_accounts WHERE directory_url = $1",
+        "SELECT account_url, encrypted_account_key, takes_replaces FROM acme_accounts"
+        " WHERE directory_url = $1",
         directory_url,
     )
     if row is None:
         return None
-    return StoredAccount(row["account_url"], bytes(row["encrypted_account_key"]))
+    return StoredAccount(
+        row["account_url"], bytes(row["encrypted_account_key"]), row["takes_replaces"]
+    )
 
 
 async def save_account(
@@ -43,4 +47,11 @@ async def save_account(
         directory_url,
         account_url,
         encrypted_key,
+    )
+
+
+async def refuse_replaces(pool: asyncpg.Pool, directory_url: str) -> None:
+    """Remember that this CA refuses RFC 9773 ``replaces``: renewals are sent without it."""
+    await pool.execute(
+        "UPDATE acme_accounts SET takes_replaces = false WHERE directory_url = $1", directory_url
     )

@@ -16,6 +16,7 @@ from certflow.models import (
     CertificateRecord,
     CertificateState,
     OpenedOrder,
+    OrderKind,
     Outcome,
 )
 
@@ -71,7 +72,7 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
             status = CASE WHEN status IN ('RENEWING', 'EXPIRED') THEN status
                           ELSE 'PROVISIONING' END,
             http_challenge_token = $2, http_challenge_key_auth = $3,
-            http_challenge_url = $4, http_order_url = $5,
+            http_challenge_url = $4, http_order_url = $5, http_order_replaces = $6,
             provisioning_error = NULL, provisioning_error_message = NULL,
             ssl_last_attempt_at = now(), updated_at = now()
         WHERE id = $1::uuid
@@ -84,6 +85,7 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
         order.key_authorization,
         order.challenge_url,
         order.order_url,
+        order.replaces,
     )
     return bool(result)
 
@@ -92,7 +94,8 @@ async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOr
     """The open order and challenge persisted on the row, if there is one."""
     row = await pool.fetchrow(
         """
-        SELECT http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth
+        SELECT http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth,
+               http_order_replaces
         FROM certificates
         WHERE id = $1::uuid AND http_order_url IS NOT NULL AND http_challenge_token IS NOT NULL
         """,
@@ -105,6 +108,7 @@ async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOr
         challenge_url=row["http_challenge_url"],
         token=row["http_challenge_token"],
         key_authorization=row["http_challenge_key_auth"],
+        replaces=row["http_order_replaces"],
     )
 
 
@@ -156,12 +160,12 @@ async def store_issued(
             """
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
-                encrypted_ssl_private_key = pending_private_key,
+                encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
                 ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
                 ssl_retry_count = 0, ssl_last_attempt_at = NULL,
                 provisioning_error = NULL, provisioning_error_message = NULL,
                 http_challenge_token = NULL, http_challenge_key_auth = NULL,
-                http_challenge_url = NULL, http_order_url = NULL,
+                http_challenge_url = NULL, http_order_url = NULL, http_order_replaces = NULL,
                 pending_private_key = NULL, pending_key_order_url = NULL,
                 updated_at = now()
             WHERE id = $1::uuid AND http_order_url = $2 AND pending_key_order_url = $2
@@ -355,6 +359,15 @@ async def delete(pool: asyncpg.Pool, certificate_id: str) -> bool:
             "DELETE FROM certificates WHERE id = $1::uuid RETURNING true", certificate_id
         )
     return bool(result)
+
+
+async def order_kind(pool: asyncpg.Pool, hostname: str) -> OrderKind:
+    """RENEWAL when the hostname has a certificate (the same identifier set as one
+    already issued), NEW otherwise."""
+    renewal = await pool.fetchval(
+        "SELECT ssl_certificate IS NOT NULL FROM certificates WHERE hostname = $1", hostname
+    )
+    return OrderKind.RENEWAL if renewal else OrderKind.NEW
 
 
 async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> str | None:

@@ -23,7 +23,7 @@ from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
-from certflow.models import CertificateState, CertificateStatus, Phase
+from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase
 from certflow.rotation import rotate_keys
 from certflow.settings import ClientSettings, KeySettings, load_settings
 
@@ -157,9 +157,12 @@ async def delete(args: argparse.Namespace) -> int:
 
 
 async def cooldown(args: argparse.Namespace) -> int:
+    if not args.clear and (args.scope or args.key):
+        print("certflow: --scope and --key go with --clear", file=sys.stderr)
+        return 2
     async with _client() as client:
         if args.clear:
-            woken = await client.clear_cooldowns()
+            woken = await client.clear_cooldowns(args.scope, args.key)
             if args.json:
                 _print_json({"cleared": True, "woken": woken})
             else:
@@ -167,12 +170,13 @@ async def cooldown(args: argparse.Namespace) -> int:
             return 0
         in_force = await client.cooldowns()
     if args.json:
-        _print_json([c.__dict__ for c in in_force])
+        _print_json(in_force)
         return 0
     if not in_force:
         print("no cooldown in force")
     for c in in_force:
-        print(f"{c.directory_url}: until {c.until.isoformat()} ({c.problem_type or ''} {c.detail or ''})")
+        where = "account" if c.scope is LimitScope.ACCOUNT else f"{c.scope} {c.scope_key}"
+        print(f"{where}: {c.limit_name} until {c.until.isoformat()} ({c.directory_url}) {c.detail or ''}")
     return 0
 
 
@@ -291,6 +295,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--revoke", action="store_true", help="revoke the current certificate first")
     p = command("cooldown", "show (or clear) the CA rate-limit cooldowns")
     p.add_argument("--clear", action="store_true")
+    p.add_argument("--scope", help="with --clear: only this scope (account, registered_domain, hostname)")
+    p.add_argument("--key", help="with --clear --scope: only this registered domain or hostname")
     p = command("reconcile", "start missing workflows now, or install the schedule")
     p.add_argument("--install", action="store_true")
     p.add_argument("--every", type=float, default=300.0, metavar="SECONDS")

@@ -32,15 +32,16 @@ from certflow.contract import (
     reconcile_schedule_id,
     workflow_id_for,
 )
-from certflow.cooldown import Cooldown
 from certflow.db import create_pool
-from certflow.hostnames import normalize_hostname
+from certflow.hostnames import normalize_hostname, registered_domain
 from certflow.models import (
     CertificateEvent,
     CertificateInput,
     CertificateState,
     CertificateStatus,
+    Cooldown,
     DeleteRequest,
+    LimitScope,
     ReconcileResult,
 )
 from certflow.schedules import install_reconcile_schedule
@@ -51,6 +52,28 @@ START_CONCURRENCY = 16
 
 class ActionRejectedError(Exception):
     """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
+
+
+def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:
+    if scope is None:
+        if key is not None:
+            raise ActionRejectedError("a cooldown key needs its scope (--scope)")
+        return None
+    try:
+        return LimitScope(scope)
+    except ValueError:
+        known = ", ".join(s.value for s in LimitScope)
+        raise ActionRejectedError(f"unknown cooldown scope {scope!r} (one of: {known})") from None
+
+
+def _freed(hostname: str, cleared: Sequence[Cooldown]) -> bool:
+    """Whether a cleared cooldown was one that held hostname back."""
+    return any(
+        c.scope is LimitScope.ACCOUNT
+        or (c.scope is LimitScope.HOSTNAME and c.scope_key == hostname)
+        or (c.scope is LimitScope.REGISTERED_DOMAIN and c.scope_key == registered_domain(hostname))
+        for c in cleared
+    )
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> str:
@@ -115,9 +138,10 @@ class CertflowClient:
             return None
         update: dict[str, Any] = {"workflow_id": workflow_id_for(hostname)}
         if row.status is not CertificateStatus.ACTIVE:
-            in_force = await cooldown.active_cooldowns(self.pool)
-            if in_force:
-                update["cooldown_until"] = max(c.until for c in in_force)
+            holding = await self.cooldowns_for(hostname)
+            if holding:
+                update["cooldowns"] = holding
+                update["cooldown_until"] = holding[0].until
         try:
             state = await self.handle(hostname).query("status", result_type=CertificateState)
         except RPCError:
@@ -152,14 +176,43 @@ class CertflowClient:
         return await self._update_with_start(hostname, "delete", DeleteRequest(revoke=revoke))
 
     async def cooldowns(self) -> list[Cooldown]:
-        """Rate-limit cooldowns in force (one per CA directory)."""
+        """Every rate-limit cooldown in force (any CA, any scope), longest first."""
         return await cooldown.active_cooldowns(self.pool)
 
-    async def clear_cooldowns(self) -> list[str]:
-        """End every cooldown now (after the CA lifted a limit) and wake the workflows
-        that were waiting for it; returns their hostnames."""
-        await cooldown.clear_all(self.pool)
-        waiting = await certificates.waiting_for_cooldown(self.pool)
+    async def cooldowns_for(self, hostname: str) -> list[Cooldown]:
+        """The cooldowns in force that hold back hostname's next order: the account's,
+        its registered domain's, its own (less those its renewal is exempt from)."""
+        hostname = normalize_hostname(hostname)
+        kind = await certificates.order_kind(self.pool, hostname)
+        found: list[Cooldown] = []
+        for directory_url in {c.directory_url for c in await cooldown.active_cooldowns(self.pool)}:
+            found += await cooldown.applicable_cooldowns(
+                self.pool, directory_url, hostname, registered_domain(hostname), kind
+            )
+        return sorted(found, key=lambda c: c.until, reverse=True)
+
+    async def clear_cooldowns(
+        self, scope: str | None = None, key: str | None = None
+    ) -> list[str]:
+        """End the cooldowns in force — all, those of one scope, or the one of a scope's
+        key (after the CA lifted a limit) — and wake the workflows waiting for them;
+        returns their hostnames. An unknown scope, a key without a scope, or no such
+        cooldown is refused (ActionRejectedError) and changes nothing."""
+        chosen = _limit_scope(scope, key)
+        if chosen is not None and key is not None:
+            if chosen is not LimitScope.ACCOUNT:
+                key = normalize_hostname(key)
+            held = [
+                c
+                for c in await cooldown.active_cooldowns(self.pool)
+                if c.scope is chosen and c.scope_key == key
+            ]
+            if not held:
+                raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}")
+        cleared = await cooldown.clear_cooldowns(self.pool, chosen, key)
+        waiting = [
+            h for h in await certificates.waiting_for_cooldown(self.pool) if _freed(h, cleared)
+        ]
         for hostname in waiting:
             with contextlib.suppress(RPCError):
                 await self.handle(hostname).signal("retry")

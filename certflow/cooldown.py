@@ -1,51 +1,92 @@
-"""The CA rate-limit cooldown, shared by every worker through Postgres.
+"""CA rate-limit cooldowns, shared by every worker through Postgres (SPEC §4).
 
-While it runs no worker creates a new order; it only ever extends.
+A rate-limit answer records a cooldown for the scope the CA's limit applies to
+(the account, one registered domain, one hostname) and the limit's name; while
+it runs no worker sends a new order in that scope, unless the order is exempt
+from that limit (renewals, :func:`holds`). A cooldown only ever extends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
 
 import asyncpg
 
-
-@dataclass(frozen=True)
-class Cooldown:
-    directory_url: str
-    until: datetime
-    problem_type: str | None
-    detail: str | None
+from certflow.models import Cooldown, LimitScope, OrderKind
 
 
-async def active_cooldown(pool: asyncpg.Pool, directory_url: str) -> Cooldown | None:
-    row = await pool.fetchrow(
-        "SELECT directory_url, until, problem_type, detail FROM acme_cooldowns"
-        " WHERE directory_url = $1 AND until > now()",
+OVERALL_REQUESTS = "OverallRequests"
+"""The load balancers' 503 with Retry-After: holds every request, renewals too."""
+RENEWAL_EXEMPT = frozenset({"NewOrdersPerAccount", "CertificatesPerDomain"})
+
+
+def holds(limit_name: str, kind: OrderKind) -> bool:
+    """Whether a cooldown of this limit holds back an order of this kind."""
+    if kind is OrderKind.ARI_RENEWAL:
+        return limit_name == OVERALL_REQUESTS
+    if kind is OrderKind.RENEWAL:
+        return limit_name not in RENEWAL_EXEMPT
+    return True
+
+
+_COLUMNS = "directory_url, scope, scope_key, limit_name, until, problem_type, detail"
+
+
+def _cooldown(row: asyncpg.Record) -> Cooldown:
+    return Cooldown(**dict(row))
+
+
+async def applicable_cooldowns(
+    pool: asyncpg.Pool,
+    directory_url: str,
+    hostname: str,
+    registered_domain: str,
+    kind: OrderKind = OrderKind.NEW,
+) -> list[Cooldown]:
+    """The cooldowns in force that hold back a new order of this kind for hostname
+    (the account's, its registered domain's, its own), longest first."""
+    rows = await pool.fetch(
+        f"""
+        SELECT {_COLUMNS} FROM acme_cooldowns
+        WHERE directory_url = $1 AND until > now()
+          AND (scope = 'account'
+               OR (scope = 'registered_domain' AND scope_key = $3)
+               OR (scope = 'hostname' AND scope_key = $2))
+        ORDER BY until DESC
+        """,
         directory_url,
+        hostname,
+        registered_domain,
     )
-    return Cooldown(**dict(row)) if row is not None else None
+    return [c for c in map(_cooldown, rows) if holds(c.limit_name, kind)]
 
 
 async def extend_cooldown(
     pool: asyncpg.Pool,
     directory_url: str,
+    scope: LimitScope,
+    scope_key: str,
+    limit_name: str,
     seconds: float,
     problem_type: str | None,
     detail: str | None,
 ) -> datetime:
-    """Start or lengthen the cooldown to now + seconds; returns its end."""
+    """Start or lengthen a cooldown to now + seconds; returns its end."""
     until = await pool.fetchval(
         """
-        INSERT INTO acme_cooldowns (directory_url, until, problem_type, detail)
-        VALUES ($1, now() + make_interval(secs => $2), $3, $4)
-        ON CONFLICT (directory_url) DO UPDATE SET
+        INSERT INTO acme_cooldowns
+            (directory_url, scope, scope_key, limit_name, until, problem_type, detail)
+        VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7)
+        ON CONFLICT (directory_url, scope, scope_key, limit_name) DO UPDATE SET
             until = greatest(acme_cooldowns.until, EXCLUDED.until),
             problem_type = EXCLUDED.problem_type, detail = EXCLUDED.detail, updated_at = now()
         RETURNING until
         """,
         directory_url,
+        str(scope),
+        scope_key,
+        limit_name,
         float(seconds),
         problem_type,
         detail,
@@ -54,22 +95,31 @@ async def extend_cooldown(
     return until
 
 
-async def clear_cooldown(pool: asyncpg.Pool, directory_url: str) -> bool:
-    result = await pool.fetchval(
-        "DELETE FROM acme_cooldowns WHERE directory_url = $1 RETURNING true", directory_url
-    )
-    return bool(result)
-
-
 async def active_cooldowns(pool: asyncpg.Pool) -> list[Cooldown]:
-    """Every cooldown in force, whatever the CA."""
+    """Every cooldown in force, whatever the CA and scope, longest first."""
     rows = await pool.fetch(
-        "SELECT directory_url, until, problem_type, detail FROM acme_cooldowns"
-        " WHERE until > now() ORDER BY until DESC"
+        f"SELECT {_COLUMNS} FROM acme_cooldowns WHERE until > now() ORDER BY until DESC"
     )
-    return [Cooldown(**dict(r)) for r in rows]
+    return [_cooldown(r) for r in rows]
 
 
-async def clear_all(pool: asyncpg.Pool) -> int:
-    result = await pool.execute("DELETE FROM acme_cooldowns")
-    return int(result.split()[-1])
+async def clear_cooldowns(
+    pool: asyncpg.Pool, scope: LimitScope | None = None, scope_key: str | None = None
+) -> list[Cooldown]:
+    """End the cooldowns in force (of one scope, and one key in it, when given);
+    returns those that were ended."""
+    rows = await pool.fetch(
+        f"""
+        DELETE FROM acme_cooldowns
+        WHERE until > now() AND ($1::text IS NULL OR scope = $1)
+          AND ($2::text IS NULL OR scope_key = $2)
+        RETURNING {_COLUMNS}
+        """,
+        str(scope) if scope is not None else None,
+        scope_key,
+    )
+    return [_cooldown(r) for r in rows]
+
+
+def longest(cooldowns: Sequence[Cooldown]) -> Cooldown | None:
+    return max(cooldowns, key=lambda c: c.until, default=None)

@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     ACME_INVALID_ORDER = "ACME_INVALID_ORDER"
     ACME_TEMPORARY = "ACME_TEMPORARY"
     ACME_FAILED = "ACME_FAILED"
+    ACME_REJECTED = "ACME_REJECTED"
+    HTTP01_UNREACHABLE = "HTTP01_UNREACHABLE"
 
 
 USER_MESSAGES: dict[ErrorCode, str] = {
@@ -40,6 +42,13 @@ USER_MESSAGES: dict[ErrorCode, str] = {
     ),
     ErrorCode.ACME_FAILED: (
         "Certificate provisioning failed. Contact support if this persists."
+    ),
+    ErrorCode.ACME_REJECTED: (
+        "The certificate authority refused this hostname. Contact support."
+    ),
+    ErrorCode.HTTP01_UNREACHABLE: (
+        "The HTTP challenge could not be reached. Check that /.well-known/acme-challenge/"
+        " is routed to us."
     ),
 }
 
@@ -86,13 +95,26 @@ class DnsCheckError(CertflowError):
 
 @dataclass
 class AcmeProblemError(CertflowError):
-    """The CA answered with an error (RFC 8555 problem document or bare HTTP status)."""
+    """The CA answered with an error (RFC 8555 problem document or bare HTTP status).
+
+    For a rate limit, what ``activities.acme_problems`` read from it: the scope
+    (``account`` / ``registered_domain`` / ``hostname``), the rate-limits page
+    anchor and Boulder's limit name; ``paused`` with the CA portal's
+    ``unpause_url`` for a paused hostname. ``replaces_refused``: the CA refused
+    the order's RFC 9773 ``replaces`` (a renewal retries once without it).
+    """
 
     problem_type: str = ""
     detail: str = ""
     http_status: int | None = None
     retry_after_seconds: float | None = None
     subproblems: list[dict[str, Any]] = field(default_factory=list)
+    limit_scope: str | None = None
+    limit_anchor: str | None = None
+    limit_name: str | None = None
+    paused: bool = False
+    unpause_url: str | None = None
+    replaces_refused: bool = False
 
     def details(self) -> dict[str, Any]:
         return {
@@ -102,6 +124,12 @@ class AcmeProblemError(CertflowError):
             "http_status": self.http_status,
             "retry_after_seconds": self.retry_after_seconds,
             "subproblems": list(self.subproblems),
+            "limit_scope": self.limit_scope,
+            "limit_anchor": self.limit_anchor,
+            "limit_name": self.limit_name,
+            "paused": self.paused,
+            "unpause_url": self.unpause_url,
+            "replaces_refused": self.replaces_refused,
         }
 
     @property
@@ -127,7 +155,9 @@ def to_application_error(err: CertflowError) -> Exception:
     from temporalio.exceptions import ApplicationError
 
     level = logging.ERROR if err.code is ErrorCode.ACME_TEMPORARY else logging.WARNING
-    fields = {k: v for k, v in err.details().items() if v not in (None, "", [])}
+    fields = {
+        k: v for k, v in err.details().items() if v is not False and v not in (None, "", [])
+    }
     fields["error_code"] = fields.pop("code")
     fields["error_message"] = fields.pop("message")
     logger = activity.logger if activity.in_activity() else logging.getLogger("certflow")

@@ -7,6 +7,7 @@ canonical spelling per name.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import reprlib
 import string
@@ -15,8 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import idna
+from publicsuffixlist import PublicSuffixList
 
-__all__ = ["InvalidHostnameError", "normalize_hostname", "MAX_NAME_OCTETS", "MAX_LABEL_OCTETS"]
+__all__ = [
+    "InvalidHostnameError",
+    "normalize_hostname",
+    "registered_domain",
+    "MAX_NAME_OCTETS",
+    "MAX_LABEL_OCTETS",
+]
 
 MAX_NAME_OCTETS = 253
 """Longest name in presentation form without the trailing dot (RFC 1035 §2.3.4)."""
@@ -207,3 +215,30 @@ def _check_a_label(label: str, fail: _Fail) -> None:
             f"invalid IDNA A-label {_preview(label)}: not in canonical form "
             f"(expected {canonical!r})"
         )
+
+
+@functools.cache
+def _public_suffix_list() -> PublicSuffixList:
+    # The list the package ships (no network); both sections, and an unlisted TLD
+    # is a suffix of its own, as Boulder's publicsuffix.DefaultFindOptions.
+    return PublicSuffixList(accept_unknown=True, only_icann=False)
+
+
+def registered_domain(hostname: str) -> str:
+    """The registered domain of a (normalized) hostname: its public suffix plus one
+    label, as Let's Encrypt scopes "New Certificates per Registered Domain".
+
+    ``a.b.example.co.uk`` → ``example.co.uk``. A hostname that is itself a public
+    suffix (``co.uk``, ``github.io``) or has no registrable part is returned as it is.
+
+    Matches Boulder: ``ratelimits/utilities.go`` (``coveringIdentifier``) calls
+    weppos/publicsuffix-go's ``publicsuffix.Domain``, i.e. ``DefaultList`` with
+    ``DefaultFindOptions`` (``IgnorePrivate: false``, ``DefaultRule: "*"``): the
+    ICANN *and* the private sections of the Public Suffix List, so
+    ``x.github.io`` → ``x.github.io``, and an unlisted TLD counts as a suffix; a
+    name that is a suffix itself is kept whole. (Boulder reads ICANN only for its
+    TLD check, ``iana.ExtractSuffix``, not for rate limits.)
+    """
+    name = hostname.strip().rstrip(".").lower()
+    found = _public_suffix_list().privatesuffix(name)
+    return found if found is not None else name

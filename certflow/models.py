@@ -44,6 +44,42 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class LimitScope(StrEnum):
+    """What a CA rate limit holds back (the scope of its cooldown)."""
+
+    ACCOUNT = "account"
+    REGISTERED_DOMAIN = "registered_domain"
+    HOSTNAME = "hostname"
+
+
+class OrderKind(StrEnum):
+    """How Let's Encrypt counts a new order against its limits (SPEC §4)."""
+
+    NEW = "new"
+    """A first certificate for the hostname: every limit applies."""
+    RENEWAL = "renewal"
+    """The same identifier set as a certificate already issued: exempt from new
+    orders per account and certificates per registered domain."""
+    ARI_RENEWAL = "ari_renewal"
+    """A renewal naming the certificate it ``replaces`` inside its ARI window:
+    exempt from every limit but the overall request rate."""
+
+
+class Cooldown(Frozen):
+    """A CA rate-limit cooldown in force (``acme_cooldowns``)."""
+
+    directory_url: str
+    scope: LimitScope
+    scope_key: str
+    """'' for the account; the registered domain or the hostname otherwise."""
+    limit_name: str
+    """Boulder's name for the limit (``NewOrdersPerAccount``, …), ``OverallRequests``
+    for a 503, ``Unknown`` when the CA's answer named none."""
+    until: datetime
+    problem_type: str | None = None
+    detail: str | None = None
+
+
 class CertificateInput(Frozen):
     """Input of the Certificate workflow (the product backend's contract:
     ``hostname`` and optional ``tenant_id``)."""
@@ -109,6 +145,9 @@ class CreateOrderInput(Frozen):
 class PlaceOrderInput(Frozen):
     certificate_id: str
     hostname: str
+    kind: OrderKind = OrderKind.NEW
+    """How the CA counts this order against its limits: a renewal (an ARI renewal
+    inside its window) is exempt from some cooldowns, and names what it replaces."""
 
 
 class OpenedOrder(Frozen):
@@ -121,6 +160,8 @@ class OpenedOrder(Frozen):
     challenge_url: str
     token: str
     key_authorization: str
+    replaces: str | None = None
+    """The RFC 9773 certID of the certificate this order renews, when sent."""
 
 
 class PersistChallengeInput(Frozen):
@@ -246,6 +287,9 @@ class CertificateState(Frozen):
     workflow_id: str | None = None
     cooldown_until: datetime | None = None
     """When a CA rate limit holds the certificate back, until when."""
+    cooldowns: list[Cooldown] = []
+    """The rate-limit cooldowns that hold it back (its own, its registered
+    domain's, the account's), longest first."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (times ISO 8601), as ``status --json`` prints it."""

@@ -161,6 +161,9 @@ class Settings(KeySettings):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     expiring_soon_days: float = Field(default=7.0, gt=0)
+    # Pacing toward the CA (SPEC §7: orders are not idempotent and limits are per account).
+    max_new_orders_in_flight: int = Field(default=4, ge=1, le=64)
+    acme_polls_per_second: float = Field(default=20.0, gt=0)
 
     @field_validator("acme_directory_url", "cname_target")
     @classmethod

@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         IssuedCertificate,
         OpenedOrder,
         PersistChallengeInput,
+        OrderKind,
         Phase,
         PlaceOrderInput,
         ProvisioningPolicy,
@@ -58,11 +59,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.policy import (
         DNS_CODES,
+        certificate_fraction,
+        cooldown_spread,
         decide_outcome,
         dns_recheck_delay,
         failure_backoff,
         order_poll_delay,
         renewal_time,
+        spread_renewal_time,
     )
     from workflows.steps import (
         BEST_EFFORT,
@@ -83,6 +87,11 @@ PLACE_ORDER_PATCH = "place-order"
 """One place_order activity (create + persist) instead of create_order and
 persist_challenge, and the accept inside the first wait_for_order instead of
 accept_challenge: two round trips fewer per certificate."""
+RENEWAL_SPREAD_PATCH = "renewal-spread"
+"""Renewal times spread per certificate (jitter without ARI; an ARI window that runs
+to notAfter cut to leave room for failures) instead of a draw per run."""
+COOLDOWN_SPREAD_PATCH = "cooldown-spread"
+"""Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
 
 
 class _Stopped(Exception):
@@ -109,6 +118,8 @@ class CertificateWorkflow:
         self._warned_expiring = False
         self._retry_cuts_wait = False
         self._published: tuple[object, ...] | None = None
+        self._ari_renewal = False
+        """The renewal under way started because the CA's ARI window came."""
 
     @property
     def _record(self) -> CertificateRecord:
@@ -206,7 +217,9 @@ class CertificateWorkflow:
                         CA,
                         AcmeActivities.place_order,
                         PlaceOrderInput(
-                            certificate_id=record.certificate_id, hostname=record.hostname
+                            certificate_id=record.certificate_id,
+                            hostname=record.hostname,
+                            kind=self._order_kind(record),
                         ),
                     )
                 else:
@@ -247,6 +260,13 @@ class CertificateWorkflow:
             if self._stop is not None:
                 raise _Stopped() from None
             raise failure_of(err) from None
+
+    def _order_kind(self, record: CertificateRecord) -> OrderKind:
+        """How the CA counts this order: a renewal of the certificate in place is
+        exempt from some limits, an ARI renewal from nearly all (SPEC §4)."""
+        if record.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
+            return OrderKind.NEW
+        return OrderKind.ARI_RENEWAL if self._ari_renewal else OrderKind.RENEWAL
 
     async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
         """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
@@ -346,7 +366,10 @@ class CertificateWorkflow:
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
             self._enter(Phase.WAITING_FOR_RATE_LIMIT)
             # Retry-After 0 means "now", but a CA repeating it must not spin us.
-            await self._wait_for_cooldown(self._capped(max(failure.retry_after or 0.0, 1.0)))
+            seconds = max(failure.retry_after or 0.0, 1.0)
+            if workflow.patched(COOLDOWN_SPREAD_PATCH):
+                seconds += cooldown_spread(seconds, workflow.random().random())
+            await self._wait_for_cooldown(self._capped(seconds))
             return
         if failure.code in DNS_CODES:
             self._enter(Phase.WAITING_FOR_DNS)
@@ -443,6 +466,11 @@ class CertificateWorkflow:
         record = self._record
         assert record.not_before and record.expires_at
         fraction = workflow.random().random()
+        spread = workflow.patched(RENEWAL_SPREAD_PATCH)
+        if spread:
+            fraction = certificate_fraction(record.hostname, record.not_before)
+        chosen = spread_renewal_time if spread else renewal_time
+        self._ari_renewal = False
         while self._stop is None and not self._renew_requested:
             if workflow.info().is_continue_as_new_suggested():
                 break  # the next run starts this wait afresh with a short history
@@ -455,8 +483,9 @@ class CertificateWorkflow:
             window = None
             if advice.window_start is not None and advice.window_end is not None:
                 window = (advice.window_start, advice.window_end)
-            renew_at = renewal_time(record.not_before, record.expires_at, window, fraction)
+            renew_at = chosen(record.not_before, record.expires_at, window, fraction)
             now = workflow.now()
+            self._ari_renewal = window is not None
             if renew_at <= now:
                 break
             wake = renew_at
@@ -476,6 +505,8 @@ class CertificateWorkflow:
             self._next_attempt_at = None
             if workflow.now() >= renew_at:
                 break
+        if self._renew_requested:
+            self._ari_renewal = False  # asked for, not the CA's window
         if workflow.info().is_continue_as_new_suggested() and not (
             self._renew_requested or self._stop
         ) and workflow.now() < record.expires_at:

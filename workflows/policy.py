@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
 
 DNS_CODES = frozenset({ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA})
+"""The DNS check's codes (and DNS_CAA from the CA's own CAA check)."""
+
+RECHECK_CODES = DNS_CODES | {ErrorCode.HTTP01_UNREACHABLE}
+"""Codes that wait on the DNS backoff (``dns_recheck_delay``) with the failure budget
+untouched: the DNS codes and the HTTP-01 self-check's HTTP01_UNREACHABLE."""
+
+TERMINAL_CODES = frozenset({ErrorCode.ACME_REJECTED})
+"""Codes that make a certificate FAILED at once and get no slow automatic retry: the
+CA refused the name or the request (SPEC §4 "More refusals"); only the operator's
+``retry`` reopens it. A FAILED certificate whose error code is not one of these
+(ACME_FAILED) gets the slow automatic retry."""
+
+
+def retries_automatically(code: ErrorCode | None) -> bool:
+    """Whether a FAILED certificate with this error code gets the slow automatic retry."""
+    return code not in TERMINAL_CODES
 
 
 def decide_outcome(
@@ -21,6 +38,19 @@ def decide_outcome(
 
     During a renewal (RENEWING, or EXPIRED once the old certificate lapsed) the
     status stays as it is where a first issuance would be PENDING/PROVISIONING.
+
+    ACME_REJECTED (the CA refused the hostname or the request) is FAILED at once,
+    whatever the budget, with its own code (not ACME_FAILED, so the CA's detail
+    and the reason stay visible), the order cleared. The retry count goes +1: the
+    attempt did fail (and spent an order against the CA's limits), so the count
+    keeps meaning "failed attempts since the last success or reopen"; it never
+    holds anything back, because ``retry`` (reopen_failed) resets it to 0.
+
+    HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept) waits like the
+    DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
+    order, which is still valid since the CA was never asked to validate; with the
+    order kept the status is PROVISIONING (as for a rate limit with an open order),
+    PENDING without one, the renewal status during a renewal.
     """
     in_renewal = status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
 
@@ -33,11 +63,22 @@ def decide_outcome(
         return Outcome(
             status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
         )
+    if code is ErrorCode.HTTP01_UNREACHABLE:
+        return Outcome(
+            status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
+        )
     if code in DNS_CODES:
         return Outcome(
             status=waiting(False), retry_count=retry_count, keep_order=False, error_code=code
         )
     retry_count += 1
+    if code in TERMINAL_CODES:
+        return Outcome(
+            status=CertificateStatus.FAILED,
+            retry_count=retry_count,
+            keep_order=False,
+            error_code=code,
+        )
     if retry_count >= max_failures:
         return Outcome(
             status=CertificateStatus.FAILED,
@@ -94,3 +135,56 @@ def renewal_time(
     lifetime = not_after - not_before
     remaining = lifetime / 2 if lifetime < SHORT_LIFETIME else lifetime / 3
     return not_after - remaining
+
+
+RENEWAL_JITTER = 0.10
+"""Without ARI, renewals spread over the last 10 % of the lifetime before the renewal mark."""
+BUDGET_ROOM = timedelta(days=2)
+"""An ARI window that runs to notAfter leaves at least this much for failed attempts."""
+
+
+def certificate_fraction(hostname: str, not_before: datetime) -> float:
+    """A number in [0, 1) fixed for one certificate (its hostname and notBefore), so
+    every run and every replay of its workflow picks the same renewal time, while
+    certificates issued together spread out."""
+    digest = hashlib.sha256(f"{hostname}|{not_before.isoformat()}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def spread_renewal_time(
+    not_before: datetime,
+    not_after: datetime,
+    ari_window: tuple[datetime, datetime] | None,
+    fraction: float,
+) -> datetime:
+    """When to renew, spread so certificates issued together do not renew together
+    (SPEC §6; ``fraction`` from :func:`certificate_fraction`).
+
+    In the CA's ARI window at ``fraction`` — but a window that runs to (within
+    BUDGET_ROOM of) notAfter is cut to its first half or BUDGET_ROOM before
+    notAfter, whichever is earlier, leaving room for the failure budget.
+    Without a window: at the lifetime rule's mark (1/3 of the lifetime left, 1/2
+    under 10 days) less up to RENEWAL_JITTER of the time before it.
+    """
+    fraction = min(max(fraction, 0.0), 1.0)
+    if ari_window is not None:
+        start, end = ari_window
+        if end <= start:
+            return start
+        if end >= not_after - BUDGET_ROOM:
+            end = max(start, min(start + (end - start) / 2, not_after - BUDGET_ROOM))
+        return start + (end - start) * fraction
+    mark = renewal_time(not_before, not_after, None, 0.0)
+    return mark - (mark - not_before) * RENEWAL_JITTER * fraction
+
+
+COOLDOWN_SPREAD_MIN = 5.0
+COOLDOWN_SPREAD_FRACTION = 0.10
+
+
+def cooldown_spread(cooldown_seconds: float, fraction: float) -> float:
+    """Extra seconds after a cooldown ends before this workflow orders again: uniform
+    over max(5 s, 10 % of the cooldown), so the workflows waiting on one cooldown do
+    not all send their orders in the same instant (``fraction`` in [0, 1))."""
+    window = max(COOLDOWN_SPREAD_MIN, COOLDOWN_SPREAD_FRACTION * cooldown_seconds)
+    return window * min(max(fraction, 0.0), 1.0)

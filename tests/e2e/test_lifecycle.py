@@ -45,7 +45,7 @@ from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.models import CertificateState
 from tests.e2e.conftest import Deployment
-from workflows.policy import renewal_time
+from workflows.policy import certificate_fraction, renewal_time, spread_renewal_time
 
 pytestmark = pytest.mark.e2e
 
@@ -160,7 +160,12 @@ async def test_renew_stores_a_different_certificate_and_key(
         lambda r: r.next_attempt_at is not None and "renewal time" in (r.phase or ""),
         what="waiting for the renewal time",
     )
-    expected = renewal_time(new["ssl_not_before"], new["ssl_expires_at"], None, 0.5)
+    expected = spread_renewal_time(
+        new["ssl_not_before"],
+        new["ssl_expires_at"],
+        None,
+        certificate_fraction(hostname, new["ssl_not_before"]),
+    )
     assert waiting.next_attempt_at is not None
     assert abs((waiting.next_attempt_at - expected).total_seconds()) < 1
 

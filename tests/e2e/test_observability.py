@@ -14,6 +14,7 @@ import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from certflow import cooldown
+from certflow.models import LimitScope
 from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment
 
@@ -85,7 +86,10 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
     deployment: Deployment, db: asyncpg.Pool
 ) -> None:
     directory = deployment.env["CERTFLOW_ACME_DIRECTORY_URL"]
-    until = await cooldown.extend_cooldown(db, directory, 3, "urn:ietf:params:acme:error:rateLimited", "test")
+    until = await cooldown.extend_cooldown(
+        db, directory, LimitScope.ACCOUNT, "", "NewOrdersPerAccount", 3,
+        "urn:ietf:params:acme:error:rateLimited", "test",
+    )
     try:
         deadline = time.monotonic() + 10
         while _value(_scrape(deployment), "certmanager_certificate_acme_cooldown") != 1:
@@ -98,7 +102,7 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
             assert time.monotonic() < deadline, "cooldown gauge never went back to 0"
             await asyncio.sleep(0.2)
     finally:
-        await cooldown.clear_cooldown(db, directory)
+        await cooldown.clear_cooldowns(db)
 
 
 async def test_worker_logs_are_json_lines_without_key_material(

@@ -43,6 +43,13 @@ def test_retry_after_forms() -> None:
         (_problem("urn:ietf:params:acme:error:malformed", 401), ErrorCode.ACME_INVALID_ORDER),
         # rate limit wins over 401
         (_problem("urn:ietf:params:acme:error:rateLimited", 401), ErrorCode.ACME_RATE_LIMITED),
+        # the CA's verdict (SPEC §4 "More refusals"): terminal, or DNS_CAA
+        (_problem("urn:ietf:params:acme:error:rejectedIdentifier", 400), ErrorCode.ACME_REJECTED),
+        (_problem("urn:ietf:params:acme:error:unsupportedIdentifier", 400), ErrorCode.ACME_REJECTED),
+        (_problem("urn:ietf:params:acme:error:badCSR", 400), ErrorCode.ACME_REJECTED),
+        (_problem("urn:ietf:params:acme:error:invalidProfile", 400), ErrorCode.ACME_REJECTED),
+        (_problem("urn:ietf:params:acme:error:caa", 403), ErrorCode.DNS_CAA),
+        (_problem("urn:ietf:params:acme:error:alreadyReplaced", 409), ErrorCode.ACME_INVALID_ORDER),
         (_problem("urn:ietf:params:acme:error:badNonce", 400), ErrorCode.ACME_TEMPORARY),
         (_problem("urn:ietf:params:acme:error:serverInternal", 500), ErrorCode.ACME_TEMPORARY),
         (requests.ConnectionError("reset"), ErrorCode.ACME_TEMPORARY),
@@ -61,6 +68,32 @@ def test_rate_limit_carries_its_data() -> None:
     assert err.non_retryable
     details = err.details()
     assert details["code"] == "ACME_RATE_LIMITED" and details["retry_after_seconds"] == 90
+    # no anchor in the detail: the account, the safe default
+    assert details["limit_scope"] == "account" and details["limit_anchor"] is None
+    assert details["paused"] is False and details["unpause_url"] is None
+
+
+def test_rate_limit_scope_comes_from_the_anchor() -> None:
+    err: messages.Error = messages.Error.from_json(
+        {
+            "type": "urn:ietf:params:acme:error:rateLimited",
+            "detail": 'too many certificates (50) already issued for "example.com" in the last'
+            " 168h0m0s, retry after 2026-11-30 12:00:00 UTC: see"
+            " https://letsencrypt.org/docs/rate-limits/#new-certificates-per-registered-domain",
+            "status": 429,
+        }
+    )
+    err.http_status, err.retry_after = 429, "3600"
+    classified = classify_acme_failure(err)
+    assert classified.limit_scope == "registered_domain"
+    assert classified.limit_anchor == "new-certificates-per-registered-domain"
+    assert classified.limit_name == "CertificatesPerDomain"
+
+
+def test_non_rate_limits_carry_no_scope() -> None:
+    err = classify_acme_failure(_problem("urn:ietf:params:acme:error:serverInternal", 500))
+    assert err.limit_scope is None and err.limit_anchor is None and not err.paused
+    assert not err.replaces_refused
 
 
 def test_temporary_is_retryable_with_its_retry_after() -> None:
@@ -84,6 +117,7 @@ def test_subproblems_are_kept() -> None:
         }
     )
     err = classify_acme_failure(exc)
+    assert err.code is ErrorCode.ACME_REJECTED
     assert err.subproblems == [
         {"type": "urn:ietf:params:acme:error:caa", "detail": "CAA forbids", "identifier": "a.example"}
     ]

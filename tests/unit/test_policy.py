@@ -7,7 +7,16 @@ import pytest
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus as S
 from certflow.models import ProvisioningPolicy
-from workflows.policy import decide_outcome, dns_recheck_delay, failure_backoff, order_poll_delay
+from workflows.policy import (
+    DNS_CODES,
+    RECHECK_CODES,
+    TERMINAL_CODES,
+    decide_outcome,
+    dns_recheck_delay,
+    failure_backoff,
+    order_poll_delay,
+    retries_automatically,
+)
 
 E = ErrorCode
 
@@ -32,6 +41,15 @@ E = ErrorCode
         # renewal keeps its status where a first issuance would be PENDING/PROVISIONING
         (S.RENEWING, 0, True, E.ACME_TEMPORARY, (S.RENEWING, 1, True, E.ACME_TEMPORARY)),
         (S.EXPIRED, 0, False, E.DNS_CNAME, (S.EXPIRED, 0, False, E.DNS_CNAME)),
+        # the CA refused the name or request: FAILED at once with its own code, +1, cleared
+        (S.PROVISIONING, 0, True, E.ACME_REJECTED, (S.FAILED, 1, False, E.ACME_REJECTED)),
+        (S.PENDING, 2, False, E.ACME_REJECTED, (S.FAILED, 3, False, E.ACME_REJECTED)),
+        (S.RENEWING, 1, True, E.ACME_REJECTED, (S.FAILED, 2, False, E.ACME_REJECTED)),
+        # HTTP-01 self-check failed: budget untouched, the (still valid) order kept
+        (S.PROVISIONING, 1, True, E.HTTP01_UNREACHABLE, (S.PROVISIONING, 1, True, E.HTTP01_UNREACHABLE)),
+        (S.PENDING, 2, False, E.HTTP01_UNREACHABLE, (S.PENDING, 2, True, E.HTTP01_UNREACHABLE)),
+        (S.RENEWING, 0, True, E.HTTP01_UNREACHABLE, (S.RENEWING, 0, True, E.HTTP01_UNREACHABLE)),
+        (S.EXPIRED, 2, True, E.HTTP01_UNREACHABLE, (S.EXPIRED, 2, True, E.HTTP01_UNREACHABLE)),
     ],
 )
 def test_outcome_table(
@@ -39,6 +57,13 @@ def test_outcome_table(
 ) -> None:
     outcome = decide_outcome(status, retries, has_order, code)
     assert (outcome.status, outcome.retry_count, outcome.keep_order, outcome.error_code) == expected
+
+
+def test_code_sets() -> None:
+    assert RECHECK_CODES == DNS_CODES | {E.HTTP01_UNREACHABLE}
+    assert TERMINAL_CODES == {E.ACME_REJECTED}
+    assert not retries_automatically(E.ACME_REJECTED)
+    assert retries_automatically(E.ACME_FAILED) and retries_automatically(None)
 
 
 def test_dns_recheck_starts_at_initial_and_caps() -> None:

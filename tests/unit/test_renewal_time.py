@@ -7,7 +7,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from workflows.policy import renewal_time
+from workflows.policy import (
+    certificate_fraction,
+    cooldown_spread,
+    renewal_time,
+    spread_renewal_time,
+)
 
 ISSUED = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -100,3 +105,72 @@ def test_result_is_timezone_aware_and_within_validity() -> None:
         at = renewal_time(ISSUED, ISSUED + lifetime, None, 0.5)
         assert at.tzinfo is not None
         assert ISSUED < at < ISSUED + lifetime
+
+
+# -- spread (issue: no herds) -------------------------------------------------------
+
+
+def test_certificates_issued_together_renew_apart() -> None:
+    """Without ARI, 1,000 certificates issued in the same second renew over the last
+    10 % before the 1/3 mark, not in one second; each one's time is fixed (the
+    same for every run and replay of its workflow)."""
+    lifetime = timedelta(days=90)
+    mark = ISSUED + timedelta(days=60)
+    times = [
+        spread_renewal_time(ISSUED, ISSUED + lifetime, None, certificate_fraction(f"h{i}.test", ISSUED))
+        for i in range(1000)
+    ]
+    assert all(mark - timedelta(days=6) <= t <= mark for t in times)
+    assert max(times) - min(times) > timedelta(days=5)  # spread over nearly the whole 6 days
+    assert len(set(times)) == 1000
+    again = spread_renewal_time(ISSUED, ISSUED + lifetime, None, certificate_fraction("h7.test", ISSUED))
+    assert again == times[7]
+
+
+def test_fraction_is_fixed_per_certificate_and_moves_with_a_new_one() -> None:
+    first = certificate_fraction("shop.example.com", ISSUED)
+    assert first == certificate_fraction("shop.example.com", ISSUED)
+    assert 0.0 <= first < 1.0
+    assert first != certificate_fraction("shop.example.com", ISSUED + timedelta(days=60))
+
+
+def test_an_ari_window_is_used_whole_when_it_ends_before_not_after() -> None:
+    start, end = ISSUED + timedelta(days=60), ISSUED + timedelta(days=62)
+    window = (start, end)
+    assert spread_renewal_time(ISSUED, ISSUED + timedelta(days=90), window, 0.0) == start
+    assert spread_renewal_time(ISSUED, ISSUED + timedelta(days=90), window, 1.0) == end
+
+
+@pytest.mark.parametrize(
+    ("window_days", "latest"),
+    [
+        # A window over the whole second half: its first half wins (day 67.5 < day 88).
+        pytest.param((45, 90), timedelta(days=67, hours=12), id="first half of the window"),
+        # A window of the last 3 days: 2 days before notAfter wins over its midpoint.
+        pytest.param((87, 90), timedelta(days=88), id="2 days before notAfter"),
+    ],
+)
+def test_a_window_running_to_not_after_leaves_room_for_the_failure_budget(
+    window_days: tuple[int, int], latest: timedelta
+) -> None:
+    not_after = ISSUED + timedelta(days=90)
+    window = (ISSUED + timedelta(days=window_days[0]), ISSUED + timedelta(days=window_days[1]))
+    assert spread_renewal_time(ISSUED, not_after, window, 1.0) == ISSUED + latest
+    assert spread_renewal_time(ISSUED, not_after, window, 0.0) == window[0]
+
+
+def test_a_revocation_window_in_the_past_renews_now() -> None:
+    """ARI answers a revoked certificate with a window in the past: renew at once."""
+    not_after = ISSUED + timedelta(days=90)
+    past = (ISSUED - timedelta(days=2), ISSUED - timedelta(days=1))
+    assert spread_renewal_time(ISSUED, not_after, past, 0.7) < ISSUED
+
+
+@pytest.mark.parametrize(
+    ("cooldown", "window"),
+    [(1.0, 5.0), (30.0, 5.0), (600.0, 60.0), (12_120.0, 1212.0)],
+)
+def test_cooldown_spread_is_uniform_over_five_seconds_or_a_tenth(cooldown: float, window: float) -> None:
+    assert cooldown_spread(cooldown, 0.0) == 0.0
+    assert cooldown_spread(cooldown, 0.999999) == pytest.approx(window, rel=1e-5)
+    assert cooldown_spread(cooldown, 0.5) == pytest.approx(window / 2)

@@ -71,6 +71,7 @@ from certflow.models import (
 )
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from workflows.certificate import CertificateWorkflow
+from workflows.policy import certificate_fraction, spread_renewal_time
 
 HOSTNAME = "x.test"
 CERT_ID = "11111111-2222-3333-4444-555555555555"
@@ -189,6 +190,13 @@ class Row:
 
     def clear_order(self) -> None:
         self.order_url = self.challenge_url = None
+
+
+def renewal_at(
+    not_before: datetime, not_after: datetime, window: tuple[datetime, datetime] | None = None
+) -> datetime:
+    """When the workflow renews the fakes' certificate (its spread is per certificate)."""
+    return spread_renewal_time(not_before, not_after, window, certificate_fraction(HOSTNAME, not_before))
 
 
 def active_row(not_before: datetime, lifetime: timedelta, serial: str = "initial") -> Row:

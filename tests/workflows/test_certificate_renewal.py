@@ -18,6 +18,7 @@ from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, RenewalAdvice
 
 from .fakes import (
+    renewal_at,
     ACTIVE_RUN_STEPS,
     ATTEMPT_STEPS,
     CERT_ID,
@@ -52,7 +53,9 @@ async def test_renews_when_the_rule_says(
         state = await run.until_active()
         assert fakes.names() == ACTIVE_RUN_STEPS
         assert fakes.of("renewal_info")[0].arg == CERT_ID
-        renew_at = t0 + renew_after
+        renew_at = renewal_at(t0, t0 + lifetime)
+        # The rule's mark, less up to 10 % of the time before it (spread per certificate).
+        assert t0 + renew_after * 0.9 <= renew_at <= t0 + renew_after
         assert state.next_attempt_at == renew_at
         assert state.expires_at == t0 + lifetime
 
@@ -66,7 +69,7 @@ async def test_renews_when_the_rule_says(
         (issued,) = fakes.issued
         assert issued.serial_hex != "initial"
         assert state.expires_at == issued.not_after
-        assert state.next_attempt_at == issued.not_before + renew_after
+        assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after)
         assert fakes.names() == [
             *ACTIVE_RUN_STEPS,
             "begin_renewal",
@@ -89,7 +92,8 @@ async def test_renews_inside_the_ari_window(workflow_env: WorkflowEnvironment) -
     )
     async with started(workflow_env, fakes) as run:
         state = await run.until_active()
-        assert state.next_attempt_at == t0 + timedelta(days=60)  # no window: the 1/3 rule
+        # No window: the 1/3 rule (spread per certificate).
+        assert state.next_attempt_at == renewal_at(t0, t0 + timedelta(days=90))
 
         await run.sleep_until(t0 + timedelta(days=1, hours=1))
         first, second = fakes.of("renewal_info")
@@ -106,7 +110,7 @@ async def test_renews_inside_the_ari_window(workflow_env: WorkflowEnvironment) -
         state = await run.until_active(serial_count=1)
         # The new certificate: no window offered for it, so the 1/3 rule again.
         (issued,) = fakes.issued
-        assert state.next_attempt_at == issued.not_before + timedelta(days=60)
+        assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after)
         await run.cancel()
 
 
@@ -128,7 +132,8 @@ async def test_three_renewal_cycles_each_continue_as_new(
         serials = {"initial"}
         for cycle in range(1, 4):
             assert fakes.row.not_before is not None
-            renew_at = fakes.row.not_before + renew_after
+            assert fakes.row.expires_at is not None
+            renew_at = renewal_at(fakes.row.not_before, fakes.row.expires_at)
             await run.sleep_until(renew_at + renew_after / 10)
             state = await run.until_active(serial_count=cycle)
 

@@ -26,9 +26,10 @@ from certflow.models import (
     RecordFailureInput,
     WaitForOrderInput,
 )
-from workflows.policy import failure_backoff, renewal_time
+from workflows.policy import failure_backoff
 
 from .fakes import (
+    renewal_at,
     ACTIVE_RUN_STEPS,
     ATTEMPT_STEPS,
     CERT_ID,
@@ -78,7 +79,7 @@ async def test_happy_path_issues_in_order_and_goes_active(workflow_env: Workflow
         assert state.expires_at == issued.not_after
         assert state.error_code is None and state.error_message is None
         assert state.retry_count == 0
-        assert state.next_attempt_at == renewal_time(issued.not_before, issued.not_after, None, 0.5)
+        assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after)
         assert fakes.row.status is CertificateStatus.ACTIVE
 
         result = await run.cancel()

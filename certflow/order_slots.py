@@ -1,0 +1,57 @@
+"""A bound on new orders in flight per ACME account, across every worker.
+
+Each of the account's ``slots`` is a Postgres session advisory lock; a new-order
+request is sent only while its sender holds one. A worker that dies mid-request
+loses its session and so its slot: nothing to clean up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+_FIRST_WAIT = 0.02
+_MAX_WAIT = 0.5
+
+
+class NoOrderSlotError(TimeoutError):
+    """Every slot stayed taken for the whole wait."""
+
+
+@asynccontextmanager
+async def order_slot(
+    pool: asyncpg.Pool,
+    directory_url: str,
+    slots: int,
+    *,
+    timeout: float,
+    waiting: Callable[[], None] = lambda: None,
+) -> AsyncIterator[int]:
+    """Hold one of the account's slots (its number) for the duration of the block;
+    ``waiting`` is called between tries (an activity heartbeats there)."""
+    deadline = time.monotonic() + timeout
+    delay = _FIRST_WAIT
+    async with pool.acquire() as conn:
+        while True:
+            # One statement tries the slots in turn and stops at the first it gets.
+            slot = await conn.fetchval(
+                "SELECT s FROM generate_series(0, $2 - 1) AS s"
+                " WHERE pg_try_advisory_lock(hashtext($1), s) LIMIT 1",
+                directory_url,
+                slots,
+            )
+            if slot is not None:
+                break
+            if time.monotonic() + delay > deadline:
+                raise NoOrderSlotError(f"all {slots} new-order slots stayed taken for {timeout:g} s")
+            waiting()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_WAIT)
+        try:
+            yield int(slot)
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(hashtext($1), $2)", directory_url, slot)
