@@ -3,9 +3,15 @@
 :func:`load_certificate` returns a hostname's chain and private key, the key
 decrypted in memory only. :class:`SniCertificates` is a server-name callback
 for Python's :mod:`ssl` that serves each hostname's current certificate and
-picks up a renewed one without a restart: it checks Postgres for changed rows
-every ``refresh_seconds`` (5 s by default), so a replaced certificate is served
-at most that long after it was stored.
+picks up a renewed one without a restart.
+
+Built for many hostnames: what is served is kept in memory as stored (leaf,
+shared chain, *encrypted* key), loaded once at start and then refreshed from
+``certificate_events`` (its primary key is the change marker: a refresh with no
+change reads a few index entries, however many rows there are). A TLS context
+is built only on a hostname's first handshake — the key decrypted then — and
+kept in a bounded LRU; a renewed certificate replaces it at most
+``refresh_seconds`` after it was stored.
 """
 
 from __future__ import annotations
@@ -15,9 +21,10 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Iterator
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -26,7 +33,11 @@ from certflow.crypto import EncryptionKey
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 5.0
-_LOOK_BACK = timedelta(seconds=30)
+CONTEXT_CACHE_SIZE = 10_000
+LOOK_BACK_SECONDS = 30.0
+"""Events are re-read this long: a transaction that commits after a later one
+(its event id is lower) is still seen."""
+_PAGE = 5_000
 _SERVED = ("ACTIVE", "RENEWING", "EXPIRED", "FAILED")
 
 
@@ -35,59 +46,32 @@ class CertificateNotFoundError(LookupError):
 
 
 @dataclass(frozen=True)
-class ServedCertificate:
-    hostname: str
-    chain_pem: str  # leaf first, then intermediates
-    key_pem: bytes
+class _Stored:
+    """What is served for one hostname, as Postgres holds it (the key encrypted)."""
+
     serial: str
-    updated_at: datetime
+    leaf_pem: str
+    chain_pem: str
+    encrypted_key: bytes
+
+
+_SELECT = """
+    SELECT hostname::text AS hostname, ssl_serial, ssl_certificate, ssl_certificate_chain,
+           encrypted_ssl_private_key
+    FROM certificates
+    WHERE ssl_certificate IS NOT NULL AND status = ANY($1::text[])
+"""
 
 
 async def load_certificate(
     pool: asyncpg.Pool, hostname: str, key: EncryptionKey
 ) -> tuple[str, bytes]:
     """(chain PEM, key PEM) of hostname's current certificate; the key exists only in memory."""
-    served = await _load(pool, key, hostname)
-    if not served:
+    row = await pool.fetchrow(_SELECT + " AND hostname = $2", list(_SERVED), hostname)
+    if row is None:
         raise CertificateNotFoundError(f"no current certificate for {hostname}")
-    return served[0].chain_pem, served[0].key_pem
-
-
-async def _load(
-    pool: asyncpg.Pool, key: EncryptionKey, hostname: str | None = None, since: datetime | None = None
-) -> list[ServedCertificate]:
-    rows = await pool.fetch(
-        """
-        SELECT hostname::text AS hostname, ssl_certificate, ssl_certificate_chain,
-               encrypted_ssl_private_key, ssl_serial, updated_at
-        FROM certificates
-        WHERE ssl_certificate IS NOT NULL AND status = ANY($1::text[])
-          AND ($2::text IS NULL OR hostname = $2)
-          AND ($3::timestamptz IS NULL OR updated_at > $3)
-        """,
-        list(_SERVED),
-        hostname,
-        since,
-    )
-    return [
-        ServedCertificate(
-            hostname=r["hostname"],
-            chain_pem=r["ssl_certificate"] + (r["ssl_certificate_chain"] or ""),
-            key_pem=key.decrypt(bytes(r["encrypted_ssl_private_key"])),
-            serial=r["ssl_serial"],
-            updated_at=r["updated_at"],
-        )
-        for r in rows
-    ]
-
-
-async def _served_hostnames(pool: asyncpg.Pool) -> set[str]:
-    rows = await pool.fetch(
-        "SELECT hostname::text AS hostname FROM certificates"
-        " WHERE ssl_certificate IS NOT NULL AND status = ANY($1::text[])",
-        list(_SERVED),
-    )
-    return {r["hostname"] for r in rows}
+    chain = row["ssl_certificate"] + (row["ssl_certificate_chain"] or "")
+    return chain, key.decrypt(bytes(row["encrypted_ssl_private_key"]))
 
 
 @contextlib.contextmanager
@@ -101,10 +85,10 @@ def _in_memory_file(name: str, data: bytes) -> Iterator[str]:
         os.close(fd)
 
 
-def _server_context(served: ServedCertificate) -> ssl.SSLContext:
+def _server_context(chain_pem: str, key_pem: bytes) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with _in_memory_file("chain", served.chain_pem.encode()) as chain, _in_memory_file(
-        "key", served.key_pem
+    with _in_memory_file("chain", chain_pem.encode()) as chain, _in_memory_file(
+        "key", key_pem
     ) as key_path:
         context.load_cert_chain(chain, key_path)
     return context
@@ -115,33 +99,105 @@ class SniCertificates:
 
     Set ``context.sni_callback = certs.sni_callback`` on the server's default
     context and run :meth:`run` (or call :meth:`refresh`) on the event loop.
+    At most ``cache_size`` contexts are kept; the least recently used is
+    dropped and rebuilt from memory on its hostname's next handshake.
     """
 
     def __init__(
-        self, pool: asyncpg.Pool, key: EncryptionKey, refresh_seconds: float = REFRESH_SECONDS
+        self,
+        pool: asyncpg.Pool,
+        key: EncryptionKey,
+        refresh_seconds: float = REFRESH_SECONDS,
+        cache_size: int = CONTEXT_CACHE_SIZE,
     ) -> None:
+        if cache_size < 1:
+            raise ValueError("cache_size must be at least 1")
         self._pool = pool
         self._key = key
         self.refresh_seconds = refresh_seconds
-        self._contexts: dict[str, tuple[str, ssl.SSLContext]] = {}
-        self._seen: datetime | None = None
+        self.cache_size = cache_size
+        self._stored: dict[str, _Stored] = {}
+        self._chains: dict[str, str] = {}  # one copy of each intermediate chain
+        self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._loaded = False
+        self._horizon = 0  # every event up to this id was seen
+        self._recent: dict[int, float] = {}  # event ids above the horizon already applied
+
+    # -- keeping up with Postgres ---------------------------------------------------
 
     async def refresh(self) -> int:
-        """Load every certificate changed since the last refresh and forget the ones no
-        longer served (canceled, deleted); returns how many were (re)loaded."""
-        # Rows whose transactions commit out of order can carry a slightly older
-        # updated_at: look back a little and reload those few twice.
-        since = self._seen - _LOOK_BACK if self._seen is not None else None
-        changed = await _load(self._pool, self._key, since=since)
-        for served in changed:
-            current = self._contexts.get(served.hostname)
-            if current is None or current[0] != served.serial:
-                self._contexts[served.hostname] = (served.serial, _server_context(served))
-            if self._seen is None or served.updated_at > self._seen:
-                self._seen = served.updated_at
-        for gone in set(self._contexts) - await _served_hostnames(self._pool):
-            del self._contexts[gone]
+        """Apply what changed since the last refresh (everything, the first time);
+        returns how many hostnames were (re)loaded or dropped."""
+        if not self._loaded:
+            return await self._load_all()
+        rows = await self._pool.fetch(
+            "SELECT id, hostname::text AS hostname FROM certificate_events WHERE id > $1 ORDER BY id",
+            self._horizon,
+        )
+        now = time.monotonic()
+        fresh = [r for r in rows if r["id"] not in self._recent]
+        for r in fresh:
+            self._recent[r["id"]] = now
+        self._advance_horizon(now)
+        changed = sorted({r["hostname"] for r in fresh})
+        if changed:
+            await self._reload(changed)
         return len(changed)
+
+    async def _load_all(self) -> int:
+        # The events' position first: a change during the load is applied again after it.
+        self._horizon = int(await self._pool.fetchval("SELECT coalesce(max(id), 0) FROM certificate_events"))
+        after = ""
+        while True:
+            rows = await self._pool.fetch(
+                _SELECT + " AND hostname::text > $2 ORDER BY hostname::text LIMIT $3",
+                list(_SERVED),
+                after,
+                _PAGE,
+            )
+            for row in rows:
+                self._store(row)
+            if len(rows) < _PAGE:
+                break
+            after = rows[-1]["hostname"]
+        self._loaded = True
+        return len(self._stored)
+
+    async def _reload(self, hostnames: Sequence[str]) -> None:
+        rows = await self._pool.fetch(
+            _SELECT + " AND hostname = ANY($2::citext[])", list(_SERVED), list(hostnames)
+        )
+        found = {r["hostname"] for r in rows}
+        for row in rows:
+            self._store(row)
+        for gone in set(hostnames) - found:  # canceled, deleted, no certificate yet
+            self._stored.pop(gone, None)
+            self._contexts.pop(gone, None)
+
+    def _store(self, row: asyncpg.Record) -> None:
+        hostname = row["hostname"]
+        chain = row["ssl_certificate_chain"] or ""
+        stored = _Stored(
+            serial=row["ssl_serial"],
+            leaf_pem=row["ssl_certificate"],
+            chain_pem=self._chains.setdefault(chain, chain),
+            encrypted_key=bytes(row["encrypted_ssl_private_key"]),
+        )
+        if self._stored.get(hostname) != stored:
+            self._stored[hostname] = stored
+            self._contexts.pop(hostname, None)  # rebuilt on the next handshake
+
+    def _advance_horizon(self, now: float) -> None:
+        """Move the horizon past events applied longer than LOOK_BACK_SECONDS ago, up to
+        the first id not yet seen (a gap may still be filled by a late commit)."""
+        settled = sorted(i for i, at in self._recent.items() if now - at > LOOK_BACK_SECONDS)
+        for event_id in settled:
+            if event_id != self._horizon + 1 and any(
+                self._horizon < i < event_id for i in self._recent if i not in settled
+            ):
+                break
+            self._horizon = max(self._horizon, event_id)
+            del self._recent[event_id]
 
     async def run(self) -> None:
         """Refresh forever (cancel the task to stop)."""
@@ -152,9 +208,31 @@ class SniCertificates:
                 log.warning("certificate refresh failed: %s", err)
             await asyncio.sleep(self.refresh_seconds)
 
+    # -- serving ------------------------------------------------------------------------
+
     def serial_for(self, hostname: str) -> str | None:
-        entry = self._contexts.get(hostname.lower().rstrip("."))
-        return entry[0] if entry else None
+        stored = self._stored.get(hostname.lower().rstrip("."))
+        return stored.serial if stored else None
+
+    @property
+    def cached_contexts(self) -> int:
+        return len(self._contexts)
+
+    def context_for(self, hostname: str) -> ssl.SSLContext | None:
+        """The TLS context of hostname's current certificate (built now if not cached)."""
+        name = hostname.lower().rstrip(".")
+        context = self._contexts.get(name)
+        if context is not None:
+            self._contexts.move_to_end(name)
+            return context
+        stored = self._stored.get(name)
+        if stored is None:
+            return None
+        context = _server_context(stored.leaf_pem + stored.chain_pem, self._key.decrypt(stored.encrypted_key))
+        self._contexts[name] = context
+        if len(self._contexts) > self.cache_size:
+            self._contexts.popitem(last=False)
+        return context
 
     def sni_callback(
         self, ssl_object: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext
@@ -162,6 +240,6 @@ class SniCertificates:
         """Switch the handshake to the certificate of the requested server name."""
         if server_name is None:
             return
-        entry = self._contexts.get(server_name.lower().rstrip("."))
-        if entry is not None:
-            ssl_object.context = entry[1]
+        context = self.context_for(server_name)
+        if context is not None:
+            ssl_object.context = context
