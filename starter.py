@@ -1,6 +1,7 @@
 """certflow's client entry point: the command line, and the async client as a library.
 
     python starter.py request HOST... [--tenant T] [--wait SECONDS]
+    python starter.py check HOST...
     python starter.py status HOST | events HOST | list [--status S]
     python starter.py retry HOST | renew HOST | cancel HOST | delete HOST [--revoke]
     python starter.py cooldown [--clear]

@@ -25,6 +25,7 @@ from activities import registry
 from activities.acme_client import AcmeClients, ensure_account
 from activities.acme_orders import AcmeActivities, OrderPacing
 from activities.dns_checks import DnsActivities, DnsChecker
+from activities.preflight import Http01Fetcher, PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
 from activities.webhooks import WebhookActivities
@@ -39,6 +40,7 @@ from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule
 from certflow.search import register_search_attributes
 from workflows.certificate import CertificateWorkflow
+from workflows.domain_check import DomainCheckWorkflow
 from workflows.reconcile import ReconcileWorkflow
 from workflows.webhooks import WebhookDeliveryWorkflow
 
@@ -93,20 +95,26 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     searchable = await register_search_attributes(client, settings.temporal_namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
     host, port = settings.dns_resolver_address
+    dns = DnsChecker(
+        resolver=f"{host}:{port}",
+        cname_target=settings.cname_target,
+        caa_issuer_domain=settings.caa_issuer_domain,
+        account_uri=account.account_url,  # RFC 8657 accounturi
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[CertificateWorkflow, ReconcileWorkflow, WebhookDeliveryWorkflow],
+        workflows=[
+            CertificateWorkflow,
+            DomainCheckWorkflow,
+            ReconcileWorkflow,
+            WebhookDeliveryWorkflow,
+        ],
         activities=registry.bound(
             RecordActivities(pool, policy, settings.managed_base_domain),
-            DnsActivities(
-                DnsChecker(
-                    resolver=f"{host}:{port}",
-                    cname_target=settings.cname_target,
-                    caa_issuer_domain=settings.caa_issuer_domain,
-                    account_uri=account.account_url,  # RFC 8657 accounturi
-                ),
-                metrics,
+            DnsActivities(dns, metrics),
+            PreflightActivities(
+                pool, dns, Http01Fetcher(dns, port=settings.http01_self_check_port), metrics
             ),
             AcmeActivities(
                 AcmeClients(account),

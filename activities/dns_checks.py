@@ -790,9 +790,19 @@ class DnsChecker:
         Raises ``DnsCheckError`` (DNS_CNAME, DNS_CAA or ACME_TEMPORARY), or
         ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
         """
+        await self.check_cname(hostname)
+        await self.check_caa(hostname)
+
+    async def check_cname(self, hostname: str) -> str:
+        """The CNAME check alone; what was found when it passes."""
         host = normalize_hostname(hostname)
         await follow_cname_chain(host, self.cname_target, self.lookup_cname)
-        await check_caa(host, self.caa_issuer, self.lookup_caa)
+        return f"{host} aliases {self.cname_target}"
+
+    async def check_caa(self, hostname: str) -> str:
+        """The CAA check alone; the verdict's reason when it allows us."""
+        verdict = await check_caa(normalize_hostname(hostname), self.caa_issuer, self.lookup_caa)
+        return verdict.reason
 
     async def lookup_cname(self, name: str) -> list[CnameAnswer]:
         """The CNAME records in the resolver's answer for ``name`` (any owner)."""
@@ -800,6 +810,17 @@ class DnsChecker:
             name, dns.rdatatype.CNAME, parse_resolver_address(self.resolver), self.timeout
         )
         return _cname_answers(response)
+
+    async def lookup_addresses(self, name: str) -> list[str]:
+        """The IPv6 then IPv4 addresses a query for ``name`` ends at (the resolver
+        follows CNAMEs); empty for NXDOMAIN or no address records."""
+        server = parse_resolver_address(self.resolver)
+        found: list[str] = []
+        for rdtype in (dns.rdatatype.AAAA, dns.rdatatype.A):
+            response = await _query(name, rdtype, server, self.timeout)
+            for rrset in _rrsets(response, rdtype):
+                found += [rdata.to_text() for rdata in rrset]
+        return _unique(found)
 
     async def lookup_caa(self, name: str) -> CaaAnswerSet:
         """The CNAME chain and CAA records in the resolver's answer for ``name``."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from activities.acme_orders import AcmeActivities
 from activities.dns_checks import DnsActivities
+from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
 from activities.webhooks import WebhookActivities
@@ -30,6 +31,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
     RecordActivities.cancel_certificate: "canceling the certificate",
     RecordActivities.delete_certificate: "deleting the certificate rows",
     DnsActivities.check_dns: "checking CNAME and CAA",
+    PreflightActivities.check_http01: "fetching the challenge as the CA will",
     AcmeActivities.place_order: "creating the ACME order and storing its challenge",
     AcmeActivities.create_order: "creating the ACME order",
     AcmeActivities.accept_challenge: "asking the CA to validate",
@@ -43,6 +45,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
 """What the Certificate workflow calls, with its summary in the Temporal UI."""
 
 RECONCILE_ACTIVITIES = (ReconcileActivities.reconcile_certificates,)
+DOMAIN_CHECK_ACTIVITIES = (PreflightActivities.check_domain,)
 WEBHOOK_ACTIVITIES = (WebhookActivities.deliver_webhook,)
 
 
@@ -50,7 +53,12 @@ def bound(*instances: object) -> list[Callable[..., Any]]:
     """Every listed activity of the given instances, bound, as the worker registers
     them; a class with no instance given (webhooks when none are configured)
     contributes nothing."""
-    listed = [*CERTIFICATE_ACTIVITIES, *RECONCILE_ACTIVITIES, *WEBHOOK_ACTIVITIES]
+    listed = [
+        *CERTIFICATE_ACTIVITIES,
+        *DOMAIN_CHECK_ACTIVITIES,
+        *RECONCILE_ACTIVITIES,
+        *WEBHOOK_ACTIVITIES,
+    ]
     return [
         getattr(instance, method.__name__)
         for method in listed

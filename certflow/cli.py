@@ -92,6 +92,18 @@ async def request(args: argparse.Namespace) -> int:
     return 0 if all(r and r.status is CertificateStatus.ACTIVE for r in reports.values()) else 1
 
 
+async def check(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        reports = await client.check(args.hostnames)
+    if args.json:
+        _print_json([{**r.model_dump(mode="json"), "ok": r.ok} for r in reports])
+    for report in [] if args.json else reports:
+        print(f"{report.hostname}: {'ok' if report.ok else 'NOT READY'}")
+        for c in report.checks:
+            print(f"  {c.name:<7} {'ok  ' if c.ok else 'FAIL'} {c.message}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
 async def status(args: argparse.Namespace) -> int:
     async with _client() as client:
         report = await client.status(args.hostname)
@@ -233,6 +245,7 @@ async def migrate_(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Command] = {
     "request": request,
+    "check": check,
     "status": status,
     "list": list_,
     "events": events,
@@ -284,6 +297,8 @@ def parser() -> argparse.ArgumentParser:
         "--wait", type=float, metavar="SECONDS",
         help="wait until ACTIVE or an error; exit 0 only if all ACTIVE",
     )
+    p = command("check", "run the CNAME, CAA and HTTP-01 checks of hostnames, ordering nothing")
+    p.add_argument("hostnames", nargs="+", metavar="HOST")
     command("status", "show a certificate's status", host=True)
     p = command("list", "list certificates")
     p.add_argument("--status", type=str.upper, choices=[s.value for s in CertificateStatus])

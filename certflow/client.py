@@ -28,6 +28,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from certflow import certificates, cooldown
 from certflow.contract import (
     CERTIFICATE_WORKFLOW,
+    DOMAIN_CHECK_WORKFLOW,
+    domain_check_workflow_id,
     RECONCILE_WORKFLOW,
     reconcile_schedule_id,
     workflow_id_for,
@@ -41,6 +43,8 @@ from certflow.models import (
     CertificateStatus,
     Cooldown,
     DeleteRequest,
+    DomainCheckInput,
+    DomainCheckReport,
     LimitScope,
     ReconcileResult,
 )
@@ -217,6 +221,24 @@ class CertflowClient:
             with contextlib.suppress(RPCError):
                 await self.handle(hostname).signal("retry")
         return waiting
+
+    async def check(self, hostnames: Sequence[str]) -> list[DomainCheckReport]:
+        """Run every pre-check (CNAME, CAA, HTTP-01 reachability) of each hostname on a
+        worker — where the resolver and the network view are — ordering nothing: the
+        product's "verify my domain" button. Hostnames are validated first."""
+        unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+
+        async def one(hostname: str) -> DomainCheckReport:
+            report: DomainCheckReport = await self.temporal.execute_workflow(
+                DOMAIN_CHECK_WORKFLOW,
+                DomainCheckInput(hostname=hostname),
+                id=domain_check_workflow_id(hostname, uuid.uuid4().hex[:12]),
+                task_queue=self.task_queue,
+                result_type=DomainCheckReport,
+            )
+            return report
+
+        return list(await asyncio.gather(*(one(h) for h in unique)))
 
     async def install_reconcile(self, every_seconds: float) -> None:
         await install_reconcile_schedule(self.temporal, self.task_queue, every_seconds)

@@ -105,6 +105,8 @@ class ProvisioningPolicy(Frozen):
     expiring_soon_days: float = 7.0
     search_attributes: bool = False
     """Whether the worker registered certflow's search attributes (see certflow.search)."""
+    http01_self_check: bool = True
+    """Fetch the challenge as the CA would before accepting it (SPEC §3.1)."""
 
 
 class CertificateRecord(Frozen):
@@ -162,6 +164,38 @@ class OpenedOrder(Frozen):
     key_authorization: str
     replaces: str | None = None
     """The RFC 9773 certID of the certificate this order renews, when sent."""
+
+
+class Http01CheckInput(Frozen):
+    """The self-check of the challenge persisted for this certificate (before accept)."""
+
+    certificate_id: str
+    hostname: str
+
+
+class DomainCheckInput(Frozen):
+    hostname: str
+
+
+class DomainCheck(Frozen):
+    """One pre-check of a domain: ``cname``, ``caa`` or ``http01``."""
+
+    name: str
+    ok: bool
+    message: str
+    """What was found: why it passes, or what to fix."""
+    code: ErrorCode | None = None
+
+
+class DomainCheckReport(Frozen):
+    """Every pre-check of one hostname (``starter.py check``), nothing ordered."""
+
+    hostname: str
+    checks: list[DomainCheck]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
 
 
 class PersistChallengeInput(Frozen):
@@ -240,6 +274,7 @@ class Phase(StrEnum):
 
     STARTING = "starting"
     CHECKING_DNS = "checking DNS"
+    CHECKING_HTTP01 = "checking the challenge is reachable"
     CREATING_ORDER = "creating order"
     ACCEPTING_CHALLENGE = "accepting challenge"
     POLLING_ORDER = "polling order"
@@ -249,6 +284,7 @@ class Phase(StrEnum):
     ISSUED = "issued"
     WAITING_FOR_RATE_LIMIT = "waiting for the CA's rate limit to end"
     WAITING_FOR_DNS = "waiting for DNS to be fixed"
+    WAITING_FOR_HTTP01 = "waiting for the challenge to be reachable"
     WAITING_BEFORE_RETRY = "waiting before the next attempt"
     FAILED_WAITING = "failed; waiting for retry"
     ASKING_RENEWAL_INFO = "asking the CA when to renew"

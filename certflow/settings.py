@@ -164,6 +164,9 @@ class Settings(KeySettings):
     # Pacing toward the CA (SPEC §7: orders are not idempotent and limits are per account).
     max_new_orders_in_flight: int = Field(default=4, ge=1, le=64)
     acme_polls_per_second: float = Field(default=20.0, gt=0)
+    # The HTTP-01 self-check before accept (off: the worker cannot reach its own edge).
+    http01_self_check: bool = True
+    http01_self_check_port: int = Field(default=80, ge=1, le=65535)
 
     @field_validator("acme_directory_url", "cname_target")
     @classmethod
@@ -239,6 +242,7 @@ class Settings(KeySettings):
             failed_retry_seconds=self.failed_retry_seconds,
             webhooks=self.webhook_url is not None,
             expiring_soon_days=self.expiring_soon_days,
+            http01_self_check=self.http01_self_check,
         )
 
 

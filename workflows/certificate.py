@@ -25,6 +25,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from activities.acme_orders import AcmeActivities
     from activities.dns_checks import DnsActivities
+    from activities.preflight import PreflightActivities
     from activities.records import RecordActivities
     from certflow import search
     from certflow.contract import (
@@ -45,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         DeleteRequest,
         EnsureCertificateInput,
         FinalizeInput,
+        Http01CheckInput,
         IssuedCertificate,
         OpenedOrder,
         PersistChallengeInput,
@@ -59,6 +61,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.policy import (
         DNS_CODES,
+        RECHECK_CODES,
+        retries_automatically,
         certificate_fraction,
         cooldown_spread,
         decide_outcome,
@@ -92,6 +96,8 @@ RENEWAL_SPREAD_PATCH = "renewal-spread"
 to notAfter cut to leave room for failures) instead of a draw per run."""
 COOLDOWN_SPREAD_PATCH = "cooldown-spread"
 """Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
+HTTP01_SELF_CHECK_PATCH = "http01-self-check"
+"""The persisted challenge is fetched as the CA would fetch it before it is accepted."""
 
 
 class _Stopped(Exception):
@@ -171,7 +177,7 @@ class CertificateWorkflow:
             except _Stopped:
                 continue
             except AttemptFailed as failure:
-                dns_failures = dns_failures + 1 if failure.code in DNS_CODES else 0
+                dns_failures = dns_failures + 1 if failure.code in RECHECK_CODES else 0
                 if not await self._record_failure(failure, policy):
                     if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
                         return await self._end(Phase.ROW_MOVED_ON)
@@ -205,6 +211,7 @@ class CertificateWorkflow:
         try:
             order_url, challenge_url = record.order_url, record.challenge_url
             accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
+            self_check = False
             if order_url is None:
                 if not record.skips_dns:
                     self._enter(Phase.CHECKING_DNS)
@@ -237,6 +244,7 @@ class CertificateWorkflow:
                 )
                 self._set_record(record)
                 self._check_stop()
+                self_check = accept_first
                 if not accept_first:
                     self._enter(Phase.ACCEPTING_CHALLENGE)
                     await run(
@@ -244,6 +252,20 @@ class CertificateWorkflow:
                         AcmeActivities.accept_challenge,
                         AcceptChallengeInput(challenge_url=challenge_url),
                     )
+            elif record.error_code is ErrorCode.HTTP01_UNREACHABLE:
+                self_check = accept_first = True  # kept when its self-check failed: never accepted
+            if (
+                self_check
+                and policy.http01_self_check
+                and workflow.patched(HTTP01_SELF_CHECK_PATCH)
+            ):
+                self._enter(Phase.CHECKING_HTTP01)
+                await run(
+                    DNS,
+                    PreflightActivities.check_http01,
+                    Http01CheckInput(certificate_id=record.certificate_id, hostname=record.hostname),
+                )
+                self._check_stop()
             await self._wait_for_order(order_url, challenge_url, policy, accept_first)
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
@@ -371,8 +393,9 @@ class CertificateWorkflow:
                 seconds += cooldown_spread(seconds, workflow.random().random())
             await self._wait_for_cooldown(self._capped(seconds))
             return
-        if failure.code in DNS_CODES:
-            self._enter(Phase.WAITING_FOR_DNS)
+        if failure.code in RECHECK_CODES:
+            dns = failure.code in DNS_CODES
+            self._enter(Phase.WAITING_FOR_DNS if dns else Phase.WAITING_FOR_HTTP01)
             delay = dns_recheck_delay(dns_failures, policy)
         else:
             self._enter(Phase.WAITING_BEFORE_RETRY)
@@ -441,7 +464,8 @@ class CertificateWorkflow:
 
     async def _wait_failed(self, policy: ProvisioningPolicy) -> None:
         self._enter(Phase.FAILED_WAITING)
-        if policy.failed_retry_seconds > 0:
+        automatic = retries_automatically(self._record.error_code)
+        if policy.failed_retry_seconds > 0 and automatic:
             await self._sleep(policy.failed_retry_seconds, interruptible=True)
         else:
             self._next_attempt_at = None

@@ -48,9 +48,8 @@ def decide_outcome(
 
     HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept) waits like the
     DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
-    order, which is still valid since the CA was never asked to validate; with the
-    order kept the status is PROVISIONING (as for a rate limit with an open order),
-    PENDING without one, the renewal status during a renewal.
+    order, which is still valid since the CA was never asked to validate; the
+    status is PENDING (the renewal status during a renewal), as for the DNS codes.
     """
     in_renewal = status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
 
@@ -64,8 +63,10 @@ def decide_outcome(
             status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
         )
     if code is ErrorCode.HTTP01_UNREACHABLE:
+        # The order stays for the next try (the CA was never asked to validate), the
+        # status says what the product must fix: still PENDING (SPEC §4).
         return Outcome(
-            status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
+            status=waiting(False), retry_count=retry_count, keep_order=has_order, error_code=code
         )
     if code in DNS_CODES:
         return Outcome(

@@ -734,6 +734,8 @@ def certflow_environment(
         "CERTFLOW_CNAME_TARGET": cname_target,
         "CERTFLOW_DNS_RESOLVER": pebble.dns_resolver,
         "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{pebble.http01_port}",
+        # The self-check fetches the challenge where Pebble will: its HTTP-01 port.
+        "CERTFLOW_HTTP01_SELF_CHECK_PORT": str(pebble.http01_port),
     }
     env.update(extra or {})
     return env

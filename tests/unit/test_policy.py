@@ -45,9 +45,9 @@ E = ErrorCode
         (S.PROVISIONING, 0, True, E.ACME_REJECTED, (S.FAILED, 1, False, E.ACME_REJECTED)),
         (S.PENDING, 2, False, E.ACME_REJECTED, (S.FAILED, 3, False, E.ACME_REJECTED)),
         (S.RENEWING, 1, True, E.ACME_REJECTED, (S.FAILED, 2, False, E.ACME_REJECTED)),
-        # HTTP-01 self-check failed: budget untouched, the (still valid) order kept
-        (S.PROVISIONING, 1, True, E.HTTP01_UNREACHABLE, (S.PROVISIONING, 1, True, E.HTTP01_UNREACHABLE)),
-        (S.PENDING, 2, False, E.HTTP01_UNREACHABLE, (S.PENDING, 2, True, E.HTTP01_UNREACHABLE)),
+        # HTTP-01 self-check failed: budget untouched, PENDING, the (still valid) order kept
+        (S.PROVISIONING, 1, True, E.HTTP01_UNREACHABLE, (S.PENDING, 1, True, E.HTTP01_UNREACHABLE)),
+        (S.PENDING, 2, False, E.HTTP01_UNREACHABLE, (S.PENDING, 2, False, E.HTTP01_UNREACHABLE)),
         (S.RENEWING, 0, True, E.HTTP01_UNREACHABLE, (S.RENEWING, 0, True, E.HTTP01_UNREACHABLE)),
         (S.EXPIRED, 2, True, E.HTTP01_UNREACHABLE, (S.EXPIRED, 2, True, E.HTTP01_UNREACHABLE)),
     ],

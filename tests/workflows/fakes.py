@@ -57,6 +57,7 @@ from certflow.models import (
     EnsureCertificateInput,
     EnsureCertificateResult,
     FinalizeInput,
+    Http01CheckInput,
     IssuedCertificate,
     OpenedOrder,
     OpenOrder,
@@ -91,6 +92,7 @@ HAPPY_STEPS = [
     "ensure_certificate",
     "check_dns",
     "place_order",  # creates the order and persists its challenge
+    "check_http01",  # fetches the challenge as the CA will
     "wait_for_order",  # accepts the challenge first, then polls
     "finalize_and_store",
 ]
@@ -313,6 +315,10 @@ class Fakes:
         async def check_dns(input: CheckDnsInput) -> None:
             await self._enter("check_dns", input)
 
+        @activity.defn(name="check_http01")
+        async def check_http01(input: Http01CheckInput) -> None:
+            await self._enter("check_http01", input)
+
         @activity.defn(name="place_order")
         async def place_order(input: PlaceOrderInput) -> OpenedOrder:
             result, _ = await self._enter("place_order", input)
@@ -512,6 +518,7 @@ class Fakes:
         return [
             ensure_certificate,
             check_dns,
+            check_http01,
             place_order,
             create_order,
             persist_challenge,
