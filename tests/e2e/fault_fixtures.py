@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
+import http.server
 import os
 import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
@@ -247,6 +256,129 @@ def fault_stack(
 @pytest.fixture(scope="module")
 async def fault_client(fault_stack: Stack) -> AsyncIterator[CertflowClient]:
     client = await connect_client(fault_stack)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    attributes: dict[str, object]
+    service: str
+
+
+def _any_value(value: AnyValue) -> object:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces endpoint on loopback, as a collector: ``POST /v1/traces``
+    with an ``ExportTraceServiceRequest`` protobuf body (gzip or deflate allowed)."""
+
+    def __init__(self) -> None:
+        self._requests: list[ExportTraceServiceRequest] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                encoding = self.headers.get("Content-Encoding", "").lower()
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
+                elif encoding == "deflate":
+                    body = zlib.decompress(body)
+                if self.path != "/v1/traces":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                with receiver._lock:
+                    receiver._requests.append(request)
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1/traces"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            requests = list(self._requests)
+        found = []
+        for request in requests:
+            for resource_spans in request.resource_spans:
+                resource = {a.key: _any_value(a.value) for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        found.append(
+                            ReceivedSpan(
+                                name=span.name,
+                                trace_id=span.trace_id.hex(),
+                                span_id=span.span_id.hex(),
+                                parent_span_id=span.parent_span_id.hex(),
+                                attributes={a.key: _any_value(a.value) for a in span.attributes},
+                                service=str(resource.get("service.name", "")),
+                            )
+                        )
+        return found
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@dataclass
+class ObservedStack:
+    """A stack whose worker logs at DEBUG and exports its traces to ``otlp``."""
+
+    stack: Stack
+    otlp: OtlpReceiver
+
+
+@pytest.fixture(scope="module")
+def observed_stack(
+    temporal: devstack.TemporalDevServer,
+    new_database: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ObservedStack]:
+    """Its own Pebble, database, task queue and worker (no proxy), so counters, gauges,
+    log lines and spans come from this module's actions only. The worker runs with
+    ``CERTFLOW_LOG_LEVEL=DEBUG`` and ``CERTFLOW_OTLP_ENDPOINT`` at a receiver here."""
+    otlp = OtlpReceiver()
+    try:
+        stack = build_stack(
+            tmp_path_factory.mktemp("observed"),
+            temporal,
+            new_database("certflow_observed"),
+            with_proxy=False,
+            extra={"CERTFLOW_LOG_LEVEL": "DEBUG", "CERTFLOW_OTLP_ENDPOINT": otlp.url},
+        )
+        try:
+            yield ObservedStack(stack, otlp)
+        finally:
+            stack.stop()
+    finally:
+        otlp.stop()
+
+
+@pytest.fixture(scope="module")
+async def observed_client(observed_stack: ObservedStack) -> AsyncIterator[CertflowClient]:
+    client = await connect_client(observed_stack.stack)
     try:
         yield client
     finally:

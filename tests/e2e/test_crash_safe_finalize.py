@@ -1,11 +1,28 @@
-"""SPEC §5 against the real CA: an order finalized before a crash is paired with the
-key stored for it, and never re-finalized with another key; an order placed before a
-crash is not placed again."""
+"""SPEC §5 against the real CA, with the activities run in this process: how
+``finalize_and_store`` and ``place_order`` treat the states a crash leaves behind.
+
+What these show: an order already finalized (``valid``) is paired with the key stored
+for it, never re-finalized with another key; an order still ``ready`` with a stored
+key is finalized with that key, and storing again is a no-op; a retried
+``place_order`` returns the order it committed instead of opening another.
+
+What they do not show: the tests store the pending key themselves
+(``store_pending_key``) and finalize out of band, so they never check that the
+worker stores the key *before* finalize, nor that a real worker process killed
+mid-exchange recovers. That is tests/e2e/test_crash_after_finalize.py (SIGKILL from
+the fault proxy right after the CA answered finalize).
+
+Isolation: the rows planted here have no workflow. On the shared deployment its
+reconcile schedule would start workflows for them (once seen by the hostile-input
+test as a stranger), so the schedule is held while they exist and each test deletes
+its rows before the hold ends.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
@@ -39,6 +56,25 @@ from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 pytestmark = pytest.mark.e2e
 
 
+@pytest.fixture(scope="module", autouse=True)
+async def reconcile_held(client: CertflowClient) -> AsyncIterator[None]:
+    """The deployment's reconcile schedule is held for the module: rows planted here
+    must never get a workflow."""
+    async with reconcile_schedule_paused(client, "tests/e2e/test_crash_safe_finalize.py"):
+        yield
+
+
+@pytest.fixture
+async def planted(db: asyncpg.Pool) -> AsyncIterator[list[str]]:
+    """Ids of the rows a test creates; deleted when it ends (inside the hold)."""
+    ids: list[str] = []
+    try:
+        yield ids
+    finally:
+        for certificate_id in ids:
+            await certificates.delete(db, certificate_id)
+
+
 @pytest.fixture
 async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
     account = await ensure_account(
@@ -58,12 +94,13 @@ async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
 
 
 async def _ready_order(
-    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> tuple[str, str]:
     """Drive a real order to `ready`; the deployment's responder answers the CA."""
     env = ActivityEnvironment()
     hostname = deployment.hostname("finalized")
     record = await certificates.ensure_certificate(db, hostname, None, None)
+    planted.append(record.certificate_id)
     order = await env.run(acme.create_order, CreateOrderInput(hostname=hostname))
     assert await env.run(
         acme_persist(db), PersistChallengeInput(certificate_id=record.certificate_id, order=order)
@@ -93,9 +130,11 @@ def _finalize_out_of_band(acme: AcmeActivities, order_url: str, csr: bytes) -> N
 
 
 async def test_valid_order_is_paired_with_the_key_stored_before_finalize(
-    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> None:
-    certificate_id, order_url = await _ready_order(acme, db, deployment)
+    """The state a worker killed after finalize leaves (key stored, order finalized,
+    nothing stored): planted here by hand, then one ``finalize_and_store``."""
+    certificate_id, order_url = await _ready_order(acme, db, deployment, planted)
     hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
     key = generate_private_key(KeyType.EC256)
     assert await certificates.store_pending_key(
@@ -117,10 +156,10 @@ async def test_valid_order_is_paired_with_the_key_stored_before_finalize(
 
 
 async def test_retried_finalize_reuses_the_stored_key(
-    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> None:
     """An activity retried after its key was stored (crash during finalize) keeps that key."""
-    certificate_id, order_url = await _ready_order(acme, db, deployment)
+    certificate_id, order_url = await _ready_order(acme, db, deployment, planted)
     hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
     key = generate_private_key(KeyType.EC256)
     await certificates.store_pending_key(
@@ -142,36 +181,33 @@ async def test_retried_finalize_reuses_the_stored_key(
 
 
 async def test_a_retried_place_order_returns_the_order_it_stored(
-    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, client: CertflowClient
+    acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> None:
     """SPEC §7 (orders are not idempotent): a try of place_order committed the challenge,
     then its result was lost (a crash). The retry returns that order instead of opening
     another, and the order still validates."""
     hostname = deployment.hostname("placed")
-    async with reconcile_schedule_paused(client, "test_crash_safe_finalize"):
-        record = await certificates.ensure_certificate(db, hostname, None, None)
-        placing = PlaceOrderInput(certificate_id=record.certificate_id, hostname=hostname)
-        try:
-            first = await ActivityEnvironment().run(acme.place_order, placing)
-            retry = ActivityEnvironment()
-            retry.info = dataclasses.replace(retry.info, attempt=2)
-            again = await retry.run(acme.place_order, placing)
-            assert again.model_dump(exclude={"authorization_url"}) == first.model_dump(
-                exclude={"authorization_url"}
-            )
-            stored = await db.fetchval(
-                "SELECT http_order_url FROM certificates WHERE id = $1::uuid", record.certificate_id
-            )
-            assert stored == first.order_url
-            progress = await ActivityEnvironment().run(
-                acme.wait_for_order,
-                WaitForOrderInput(
-                    order_url=first.order_url,
-                    challenge_url=first.challenge_url,
-                    within_seconds=20,
-                    accept_first=True,
-                ),
-            )
-            assert progress.status == "ready"
-        finally:
-            await certificates.delete(db, record.certificate_id)
+    record = await certificates.ensure_certificate(db, hostname, None, None)
+    planted.append(record.certificate_id)
+    placing = PlaceOrderInput(certificate_id=record.certificate_id, hostname=hostname)
+    first = await ActivityEnvironment().run(acme.place_order, placing)
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    again = await retry.run(acme.place_order, placing)
+    assert again.model_dump(exclude={"authorization_url"}) == first.model_dump(
+        exclude={"authorization_url"}
+    )
+    stored = await db.fetchval(
+        "SELECT http_order_url FROM certificates WHERE id = $1::uuid", record.certificate_id
+    )
+    assert stored == first.order_url
+    progress = await ActivityEnvironment().run(
+        acme.wait_for_order,
+        WaitForOrderInput(
+            order_url=first.order_url,
+            challenge_url=first.challenge_url,
+            within_seconds=20,
+            accept_first=True,
+        ),
+    )
+    assert progress.status == "ready"

@@ -191,7 +191,7 @@ async def test_time_to_active_for_one_hostname(
         f"\ntime from request to ACTIVE (5 runs): median {median * 1000:.0f} ms, "
         f"min {min(durations) * 1000:.0f} ms, max {max(durations) * 1000:.0f} ms"
     )
-    assert len(durations) == 5
+    # Each of the 5 was asserted ACTIVE by _wait_for above; the timings are printed only.
 
 
 async def test_worker_killed_after_challenge_persisted_still_ends_active(

@@ -8,11 +8,13 @@ timers would keep later tests' time skipping busy."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from temporalio import activity
 from temporalio.client import WorkflowHandle
@@ -49,6 +51,9 @@ async def own_env() -> AsyncIterator[WorkflowEnvironment]:
 async def test_expiring_soon_is_sent_once_when_renewal_keeps_failing(
     own_env: WorkflowEnvironment,
 ) -> None:
+    """Checked: with the fake delivery of ``canceled`` slowed by 0.5 s, the old
+    reading right after the parent's cancel failed as in CI (``['expiring_soon']``);
+    waiting for the deliveries passes."""
     t0 = await own_env.get_current_time()
     lifetime = timedelta(days=6)  # renewal at day 3; "expiring soon" from day 4
     policy = FAST_POLICY.model_copy(
@@ -111,7 +116,24 @@ async def test_expiring_soon_is_sent_once_when_renewal_keeps_failing(
 
         await run.cancel()
         await run.until_calls("cancel_certificate", 1)
+        # The canceled event is delivered by a WebhookDelivery child that runs on after
+        # the parent's cancel: wait for that delivery itself (inside the worker's
+        # lifetime), not for the parent's last step.
+        await _deliveries(delivered, 2)
 
     names = [e.event for e, _ in delivered]
     assert names == ["expiring_soon", "canceled"]
     assert len({e.event_id for e, _ in delivered}) == 2
+
+
+async def _deliveries(
+    delivered: list[tuple[WebhookEvent, Any]], count: int, timeout: float = 30
+) -> None:
+    """Until ``count`` webhooks were delivered (wall-clock deadline; time skipping
+    stays locked, so no durable timer fires meanwhile)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(delivered) < count:
+        if loop.time() >= deadline:
+            pytest.fail(f"{count} deliveries expected, got {[e.event for e, _ in delivered]}")
+        await asyncio.sleep(0.02)
