@@ -28,6 +28,7 @@ from activities.dns_checks import DnsActivities, DnsChecker
 from activities.preflight import Http01Fetcher, PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
+from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
@@ -37,11 +38,12 @@ from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.tracing import configure_tracing
 from certflow.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
-from certflow.schedules import install_reconcile_schedule
+from certflow.schedules import install_reconcile_schedule, install_renewal_info_schedule
 from certflow.search import register_search_attributes
 from workflows.certificate import CertificateWorkflow
 from workflows.domain_check import DomainCheckWorkflow
 from workflows.reconcile import ReconcileWorkflow
+from workflows.renewal_info_sweep import RenewalInfoSweepWorkflow
 from workflows.webhooks import WebhookDeliveryWorkflow
 
 log = logging.getLogger("certflow.worker")
@@ -83,7 +85,9 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     interceptors: list[Interceptor] = []
     if settings.otlp_endpoint:
         configure_tracing(settings.otlp_endpoint)
-        interceptors.append(TracingInterceptor())
+        # No certflow client traces (the CLI, CertflowClient, the schedules), so the
+        # workflow spans must not wait for a client's span to hang from.
+        interceptors.append(TracingInterceptor(always_create_workflow_spans=True))
     client = await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
@@ -92,6 +96,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         interceptors=interceptors,
     )
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
+    clients = AcmeClients(account)
     searchable = await register_search_attributes(client, settings.temporal_namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
     host, port = settings.dns_resolver_address
@@ -108,6 +113,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             CertificateWorkflow,
             DomainCheckWorkflow,
             ReconcileWorkflow,
+            RenewalInfoSweepWorkflow,
             WebhookDeliveryWorkflow,
         ],
         activities=registry.bound(
@@ -117,7 +123,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 pool, dns, Http01Fetcher(dns, port=settings.http01_self_check_port), metrics
             ),
             AcmeActivities(
-                AcmeClients(account),
+                clients,
                 pool,
                 encryption_key,
                 settings.acme_key_type,
@@ -129,7 +135,12 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                     polls_per_second=settings.acme_polls_per_second,
                 ),
             ),
-            ReconcileActivities(pool, client, settings.task_queue),
+            ReconcileActivities(
+                pool, client, settings.task_queue, settings.reconcile_interval_seconds
+            ),
+            RenewalInfoSweep(
+                pool, clients, executor, client, requests_per_second=settings.acme_polls_per_second
+            ),
             *webhook_activities(settings),
         ),
         max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
@@ -140,6 +151,10 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     if settings.reconcile_interval_seconds > 0:
         await install_reconcile_schedule(
             client, settings.task_queue, settings.reconcile_interval_seconds
+        )
+    if settings.renewal_info_sweep_seconds > 0:
+        await install_renewal_info_schedule(
+            client, settings.task_queue, settings.renewal_info_sweep_seconds
         )
     return WorkerParts(worker, ChallengeResponder(pool), metrics, runtime is not None, executor)
 

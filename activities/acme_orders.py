@@ -34,6 +34,7 @@ from activities.acme_client import (
 )
 from activities.acme_problems import UNKNOWN_LIMIT, challenge_failure, problem_suffix
 from activities.pacing import PollPacer
+from activities.renewal_info import fetch_renewal_info, renewal_info_url
 from certflow import accounts, certificates, cooldown
 from certflow.hostnames import registered_domain
 from certflow.order_slots import NoOrderSlotError, order_slot
@@ -77,7 +78,6 @@ FAST_POLL_MAX = 0.25
 REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
-ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
 MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # SPEC §4: a longer Retry-After is capped
 ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
 BUSY_SLOTS_RETRY_SECONDS = 5.0
@@ -663,35 +663,10 @@ class AcmeActivities:
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if not base_url or leaf_pem is None:
             return RenewalAdvice()
-        cert = x509.load_pem_x509_certificate(leaf_pem.encode())
-        if cert.not_valid_after_utc <= datetime.now(timezone.utc):
-            return RenewalAdvice()  # RFC 9773 §4.3: never ask about an expired certificate
-        url = f"{str(base_url).rstrip('/')}/{_renewal_info_path_component(cert)}"
-
-        def run() -> requests.Response:
-            # A plain GET (RFC 9773 §4.1); an error status is an answer, not a failure.
-            with self._clients.borrow() as client:
-                return client.net.session.get(
-                    url, verify=self._clients.account.verify, timeout=15
-                )
-
-        try:
-            response = await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        except Exception as exc:  # the CA unreachable: ask again later
-            activity.logger.warning("renewal info unavailable: %s", exc)
-            return RenewalAdvice(recheck_after_seconds=ARI_DEFAULT_RECHECK)
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if not response.ok:
-            return RenewalAdvice(recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK)
-        try:
-            info = messages.RenewalInfo.from_json(response.json())
-        except Exception:
-            return RenewalAdvice(recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK)
-        return RenewalAdvice(
-            window_start=info.suggested_window.start,
-            window_end=info.suggested_window.end,
-            recheck_after_seconds=retry_after or ARI_DEFAULT_RECHECK,
-        )
+        url = renewal_info_url(str(base_url), leaf_pem)
+        if url is None:
+            return RenewalAdvice()
+        return await fetch_renewal_info(self._clients, self._executor, url)
 
     # -- cancel and delete ------------------------------------------------------
 

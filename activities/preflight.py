@@ -142,6 +142,8 @@ class Http01Fetcher:
         url, address, port = first_url, first_address, self.port
         path = f"GET {first_url} from {_where(first_address, self.port)}"
         for hop in range(MAX_REDIRECTS + 1):
+            # Once redirected, say which address the failure was at.
+            at = f" at {_where(address, port)}" if hop else ""
             parts = urllib.parse.urlsplit(url)
             host = (parts.hostname or "").lower()
             target = parts.path + (f"?{parts.query}" if parts.query else "")
@@ -150,13 +152,11 @@ class Http01Fetcher:
                     _get, parts.scheme, address, port, host, target or "/", self.timeout
                 )
             except ConnectionRefusedError:
-                raise Http01Unreachable(f"{path}: connection refused at {_where(address, port)}") from None
+                raise Http01Unreachable(f"{path}: connection refused{at}") from None
             except (TimeoutError, socket.timeout):
-                raise Http01Unreachable(
-                    f"{path}: no answer from {_where(address, port)} within {self.timeout:g} s"
-                ) from None
+                raise Http01Unreachable(f"{path}: no answer{at} within {self.timeout:g} s") from None
             except (OSError, http.client.HTTPException, ssl.SSLError) as err:
-                raise Http01Unreachable(f"{path}: {type(err).__name__}: {err}") from None
+                raise Http01Unreachable(f"{path}: {type(err).__name__}{at}: {err}") from None
             if answer.status in (301, 302, 303, 307, 308) and answer.location:
                 if hop == MAX_REDIRECTS:
                     raise Http01Unreachable(f"{path}: more than {MAX_REDIRECTS} redirects")
@@ -169,18 +169,19 @@ class Http01Fetcher:
                         " (only http or https on ports 80 and 443)"
                     )
                 port = nxt.port or default
-                # Tests run the responder on another port than 80: a redirect to the
-                # hostname's own http URL keeps the configured port.
+                # Where the check runs on another port than 80 (tests: Pebble's
+                # HTTP-01 port), every http redirect to port 80 is followed there.
                 if nxt.scheme == "http" and self.port != 80 and port == 80:
                     port = self.port
                 path += f" redirected to {url}"
                 address = await self._redirect_address(nxt.hostname or "", path)
                 continue
+            answered = f"{path}{at}, which answered" if hop else f"{path} answered"
             if answer.status != 200:
-                raise Http01Unreachable(f"{path} answered {answer.status}")
+                raise Http01Unreachable(f"{answered} {answer.status}")
             if answer.body.rstrip(b" \t\r\n") != key_authorization.encode():
                 raise Http01Unreachable(
-                    f"{path} answered 200 with {_shown(answer.body)}, not the key authorization"
+                    f"{answered} 200 with {_shown(answer.body)}, not the key authorization"
                 )
             return
         raise AssertionError("unreachable")

@@ -1,6 +1,20 @@
-"""The reconcile activity: compare certificate rows with running workflows."""
+"""The reconcile activity: start the Certificate workflow of every row that should
+have one running and has none, at a cost that follows the changes, not the rows.
+
+Two cheap reads find them: the rows no workflow ever ran for (``workflow_seen_at``
+is written by the first step of every run: an indexed, usually empty read), and
+the Certificate workflows that ended since the last passes (a visibility query
+by close time). A row inserted by SQL is normalized here first (a U-label gets
+its A-label, the workflow id is the one ``request`` computes); one that is not a
+valid hostname is refused — CANCELED with INVALID_HOSTNAME and the reason — and
+never started.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 
 import asyncpg
 from temporalio import activity
@@ -8,43 +22,135 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
 from certflow import certificates
+from certflow.certificates import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
-from certflow.models import CertificateInput, ReconcileResult
+from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.models import CertificateInput, ReconcileInput, ReconcileResult
+
+PAGE = 500
+
+
+class _Pass:
+    """What one pass did so far."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.started: list[str] = []
+        self.refused: list[str] = []
+
+    def result(self) -> ReconcileResult:
+        return ReconcileResult(checked=self.checked, started=self.started, refused=self.refused)
+
+START_CONCURRENCY = 16
+# Workflows that ended (for good: not continued-as-new) may need starting again.
+_ENDED = " OR ".join(
+    f'ExecutionStatus="{s}"' for s in ("Completed", "Failed", "Canceled", "Terminated", "TimedOut")
+)
 
 
 class ReconcileActivities:
     """Starts the missing Certificate workflows."""
 
-    def __init__(self, pool: asyncpg.Pool, client: Client, task_queue: str) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, client: Client, task_queue: str, interval_seconds: float = 300.0
+    ) -> None:
         self._pool = pool
         self._client = client
         self._task_queue = task_queue
+        # Each pass looks back over two intervals: a pass that was skipped or late
+        # loses nothing; a workflow seen twice is started once (USE_EXISTING).
+        self._look_back = timedelta(seconds=2 * max(interval_seconds, 60.0) + 60.0)
 
     @activity.defn(name="reconcile_certificates")
-    async def reconcile_certificates(self) -> ReconcileResult:
-        """Start a workflow for each non-canceled row that has none running."""
-        running: set[str] = set()
-        query = f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
-        async for execution in self._client.list_workflows(query):
-            running.add(execution.id)
+    async def reconcile_certificates(self, input: ReconcileInput | None = None) -> ReconcileResult:
+        """Start a workflow for each row that should have one and has none."""
+        result = _Pass()
+        slots = asyncio.Semaphore(START_CONCURRENCY)
+        if input is not None and input.full:
+            rows = await certificates.all_open_rows(self._pool)
+            running = {e.id async for e in self._client.list_workflows(
+                f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
+            )}
+            missing = [r for r in rows if workflow_id_for(r.hostname) not in running]
+            await self._start_all(missing, result, slots)
+            result.checked += len(rows)
+            return self._logged(result)
+        after: tuple[datetime, str] | None = None
+        while True:
+            page = await certificates.rows_without_workflow(self._pool, after, PAGE)
+            await self._start_all(page, result, slots)
+            result.checked += len(page)
             activity.heartbeat()
-        rows = await certificates.reconcile_candidates(self._pool)
-        started: list[str] = []
-        for row in rows:
-            workflow_id = workflow_id_for(row["hostname"])
-            if workflow_id in running:
-                continue
-            # Visibility lags a little: USE_EXISTING keeps a race harmless.
-            await self._client.start_workflow(
-                CERTIFICATE_WORKFLOW,
-                CertificateInput(hostname=row["hostname"], tenant_id=row["tenant_id"]),
-                id=workflow_id,
-                task_queue=self._task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            if len(page) < PAGE:
+                break
+            last = page[-1]
+            assert last.created_at is not None
+            after = (last.created_at, last.certificate_id)
+        ended = await self._ended_hostnames()
+        if ended:
+            rows = await certificates.rows_to_restart(self._pool, ended)
+            await self._start_all(rows, result, slots)
+            result.checked += len(rows)
+        return self._logged(result)
+
+    async def _ended_hostnames(self) -> list[str]:
+        since = (datetime.now(timezone.utc) - self._look_back).isoformat().replace("+00:00", "Z")
+        query = f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ({_ENDED}) AND CloseTime > "{since}"'
+        prefix = workflow_id_for("")
+        found = {
+            e.id.removeprefix(prefix)
+            async for e in self._client.list_workflows(query)
+            if e.id.startswith(prefix)
+        }
+        return sorted(found)
+
+    async def _start_all(
+        self, rows: Sequence[ReconcileRow], result: _Pass, slots: asyncio.Semaphore
+    ) -> None:
+        async def one(row: ReconcileRow) -> None:
+            hostname = await self._normalized(row, result)
+            if hostname is None:
+                return
+            async with slots:
+                # Visibility lags a little: USE_EXISTING keeps a race harmless.
+                await self._client.start_workflow(
+                    CERTIFICATE_WORKFLOW,
+                    CertificateInput(hostname=hostname, tenant_id=row.tenant_id),
+                    id=workflow_id_for(hostname),
+                    task_queue=self._task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                )
+            result.started.append(hostname)
+
+        await asyncio.gather(*(one(r) for r in rows))
+
+    async def _normalized(self, row: ReconcileRow, result: _Pass) -> str | None:
+        """The row's hostname as ``request`` spells it (the row renamed to it), or None
+        when the row was refused."""
+        try:
+            hostname = normalize_hostname(row.hostname)
+        except InvalidHostnameError as err:
+            await certificates.refuse_hostname(self._pool, row.certificate_id, str(err))
+            result.refused.append(row.hostname)
+            return None
+        if hostname != row.hostname and not await certificates.rename(
+            self._pool, row.certificate_id, hostname
+        ):
+            await certificates.refuse_hostname(
+                self._pool,
+                row.certificate_id,
+                f"{row.hostname!r} is {hostname}, which another row already has",
             )
-            started.append(row["hostname"])
-            activity.heartbeat()
-        if started:
-            activity.logger.info("reconcile started %d workflows", len(started))
-        return ReconcileResult(checked=len(rows), started=started)
+            result.refused.append(row.hostname)
+            return None
+        return hostname
+
+    def _logged(self, result: _Pass) -> ReconcileResult:
+        if result.started or result.refused:
+            activity.logger.info(
+                "reconcile started %d workflows, refused %d rows",
+                len(result.started),
+                len(result.refused),
+            )
+        return result.result()

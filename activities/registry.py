@@ -18,6 +18,7 @@ from activities.dns_checks import DnsActivities
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
+from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import WebhookActivities
 
 CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
@@ -46,6 +47,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
 
 RECONCILE_ACTIVITIES = (ReconcileActivities.reconcile_certificates,)
 DOMAIN_CHECK_ACTIVITIES = (PreflightActivities.check_domain,)
+RENEWAL_INFO_ACTIVITIES = (RenewalInfoSweep.sweep_renewal_info,)
 WEBHOOK_ACTIVITIES = (WebhookActivities.deliver_webhook,)
 
 
@@ -56,6 +58,7 @@ def bound(*instances: object) -> list[Callable[..., Any]]:
     listed = [
         *CERTIFICATE_ACTIVITIES,
         *DOMAIN_CHECK_ACTIVITIES,
+        *RENEWAL_INFO_ACTIVITIES,
         *RECONCILE_ACTIVITIES,
         *WEBHOOK_ACTIVITIES,
     ]

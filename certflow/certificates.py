@@ -7,6 +7,8 @@ after its commit (or racing a cancel) finds the row moved on and does nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -25,7 +27,7 @@ _RECORD_COLUMNS = """
     c.provisioning_error AS error_code, c.provisioning_error_message AS error_message,
     c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
     c.http_challenge_url AS challenge_url, c.ssl_not_before AS not_before,
-    c.ssl_expires_at AS expires_at,
+    c.ssl_expires_at AS expires_at, c.ari_window_start, c.ari_window_end, c.ssl_serial AS serial,
     CASE
         WHEN $2::text IS NULL THEN false
         WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
@@ -42,19 +44,19 @@ def _record(row: asyncpg.Record) -> CertificateRecord:
 async def ensure_certificate(
     pool: asyncpg.Pool, hostname: str, tenant_id: str | None, managed_base_domain: str | None
 ) -> CertificateRecord:
-    """The row for hostname, inserted as PENDING when missing."""
-    async with pool.acquire() as conn:
-        await conn.execute(
-            "INSERT INTO certificates (hostname, tenant_id) VALUES ($1, $2)"
-            " ON CONFLICT (hostname) DO NOTHING",
-            hostname,
-            tenant_id,
-        )
-        row = await conn.fetchrow(
-            f"SELECT {_RECORD_COLUMNS} FROM certificates c WHERE c.hostname = $1",
-            hostname,
-            managed_base_domain,
-        )
+    """The row for hostname, inserted as PENDING when missing, marked as having a
+    workflow (reconcile then leaves it alone): one statement."""
+    row = await pool.fetchrow(
+        f"""
+        INSERT INTO certificates AS c (hostname, tenant_id, workflow_seen_at)
+        VALUES ($1, $3, now())
+        ON CONFLICT (hostname) DO UPDATE SET workflow_seen_at = now()
+        RETURNING {_RECORD_COLUMNS}
+        """,
+        hostname,
+        managed_base_domain,
+        tenant_id,
+    )
     assert row is not None
     return _record(row)
 
@@ -161,6 +163,7 @@ async def store_issued(
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
+                ari_window_start = NULL, ari_window_end = NULL, ari_next_check_at = now(),
                 ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
                 ssl_retry_count = 0, ssl_last_attempt_at = NULL,
                 provisioning_error = NULL, provisioning_error_message = NULL,
@@ -386,6 +389,59 @@ async def delete(pool: asyncpg.Pool, certificate_id: str) -> bool:
     return bool(result)
 
 
+@dataclass(frozen=True)
+class RenewalInfoRow:
+    certificate_id: str
+    hostname: str
+    serial: str
+    leaf_pem: str
+    window_start: datetime | None
+    window_end: datetime | None
+
+
+async def renewal_info_due(pool: asyncpg.Pool, limit: int) -> list[RenewalInfoRow]:
+    """ACTIVE certificates whose renewal info is due for a check, most overdue first."""
+    rows = await pool.fetch(
+        """
+        SELECT id::text AS certificate_id, hostname::text AS hostname, ssl_serial AS serial,
+               ssl_certificate AS leaf_pem, ari_window_start AS window_start,
+               ari_window_end AS window_end
+        FROM certificates
+        WHERE status = 'ACTIVE' AND ari_next_check_at IS NOT NULL AND ari_next_check_at <= now()
+        ORDER BY ari_next_check_at
+        LIMIT $1
+        """,
+        limit,
+    )
+    return [RenewalInfoRow(**dict(r)) for r in rows]
+
+
+async def record_renewal_info(
+    pool: asyncpg.Pool,
+    answers: Sequence[tuple[str, str, datetime | None, datetime | None, datetime]],
+) -> None:
+    """(id, serial, window start, window end, next check) for each certificate asked,
+    in one statement; a check that got no window keeps the stored one, and an answer
+    about a certificate since replaced is dropped."""
+    await pool.execute(
+        """
+        UPDATE certificates c SET
+            ari_window_start = coalesce(a.window_start, c.ari_window_start),
+            ari_window_end = coalesce(a.window_end, c.ari_window_end),
+            ari_next_check_at = a.next_check
+        FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::timestamptz[],
+                    $5::timestamptz[])
+            AS a(id, serial, window_start, window_end, next_check)
+        WHERE c.id = a.id AND c.ssl_serial = a.serial
+        """,
+        [a[0] for a in answers],
+        [a[1] for a in answers],
+        [a[2] for a in answers],
+        [a[3] for a in answers],
+        [a[4] for a in answers],
+    )
+
+
 async def order_kind(pool: asyncpg.Pool, hostname: str) -> OrderKind:
     """RENEWAL when the hostname has a certificate (the same identifier set as one
     already issued), NEW otherwise."""
@@ -413,13 +469,82 @@ async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> li
     return [CertificateState(**dict(r)) for r in rows]
 
 
-async def reconcile_candidates(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    """(hostname, tenant_id) of every row that should have a running workflow."""
-    rows: list[asyncpg.Record] = await pool.fetch(
-        "SELECT hostname::text AS hostname, tenant_id FROM certificates"
-        " WHERE status <> 'CANCELED' ORDER BY created_at"
+@dataclass(frozen=True)
+class ReconcileRow:
+    certificate_id: str
+    hostname: str
+    tenant_id: str | None
+    created_at: datetime | None = None
+
+
+async def rows_without_workflow(
+    pool: asyncpg.Pool, after: tuple[datetime, str] | None, limit: int
+) -> list[ReconcileRow]:
+    """Rows that should have a workflow and never had one run (workflow_seen_at is
+    written by every run's first step), oldest first, keyset-paged."""
+    rows = await pool.fetch(
+        """
+        SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id, created_at
+        FROM certificates
+        WHERE workflow_seen_at IS NULL AND status <> 'CANCELED'
+          AND ($1::timestamptz IS NULL OR (created_at, id::text) > ($1, $2))
+        ORDER BY created_at, id::text
+        LIMIT $3
+        """,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
     )
-    return rows
+    return [
+        ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"], r["created_at"])
+        for r in rows
+    ]
+
+
+async def rows_to_restart(pool: asyncpg.Pool, hostnames: Sequence[str]) -> list[ReconcileRow]:
+    """Of these hostnames (their workflows ended), the rows that should still have one."""
+    rows = await pool.fetch(
+        "SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id"
+        " FROM certificates WHERE hostname = ANY($1::citext[]) AND status <> 'CANCELED'",
+        list(hostnames),
+    )
+    return [ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"]) for r in rows]
+
+
+async def all_open_rows(pool: asyncpg.Pool) -> list[ReconcileRow]:
+    """Every row that should have a workflow (the full pass only)."""
+    rows = await pool.fetch(
+        "SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id"
+        " FROM certificates WHERE status <> 'CANCELED' ORDER BY created_at"
+    )
+    return [ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"]) for r in rows]
+
+
+async def rename(pool: asyncpg.Pool, certificate_id: str, hostname: str) -> bool:
+    """Give a row its normalized hostname; False when another row already has it."""
+    try:
+        result = await pool.fetchval(
+            "UPDATE certificates SET hostname = $2, updated_at = now()"
+            " WHERE id = $1::uuid RETURNING true",
+            certificate_id,
+            hostname,
+        )
+    except asyncpg.UniqueViolationError:
+        return False
+    return bool(result)
+
+
+async def refuse_hostname(pool: asyncpg.Pool, certificate_id: str, reason: str) -> None:
+    """CANCELED with INVALID_HOSTNAME and the reason: never started, and said so."""
+    await pool.execute(
+        """
+        UPDATE certificates SET status = 'CANCELED', provisioning_error = 'INVALID_HOSTNAME',
+            provisioning_error_message = $2, updated_at = now()
+        WHERE id = $1::uuid AND status <> 'CANCELED'
+        """,
+        certificate_id,
+        reason[:2000],
+    )
 
 
 async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:

@@ -201,13 +201,15 @@ async def reconcile(args: argparse.Namespace) -> int:
             else:
                 print(f"reconcile schedule installed: every {args.every:g} s")
             return 0
-        result = await client.reconcile_now()
+        result = await client.reconcile_now(full=args.full)
     if args.json:
         _print_json(result)
         return 0
     print(f"checked {result.checked} certificates; started {len(result.started)} workflows")
     for hostname in result.started:
         print(f"  started {hostname}")
+    for hostname in result.refused:
+        print(f"  refused {hostname!r}: not a valid hostname (CANCELED, INVALID_HOSTNAME)")
     return 0
 
 
@@ -315,6 +317,7 @@ def parser() -> argparse.ArgumentParser:
     p = command("reconcile", "start missing workflows now, or install the schedule")
     p.add_argument("--install", action="store_true")
     p.add_argument("--every", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
     p = sub.add_parser("demo", help="run everything locally and issue three demo certificates")

@@ -46,6 +46,7 @@ from certflow.models import (
     DomainCheckInput,
     DomainCheckReport,
     LimitScope,
+    ReconcileInput,
     ReconcileResult,
 )
 from certflow.schedules import install_reconcile_schedule
@@ -243,10 +244,12 @@ class CertflowClient:
     async def install_reconcile(self, every_seconds: float) -> None:
         await install_reconcile_schedule(self.temporal, self.task_queue, every_seconds)
 
-    async def reconcile_now(self) -> ReconcileResult:
-        """One reconcile pass, run by a worker, waited for."""
+    async def reconcile_now(self, *, full: bool = False) -> ReconcileResult:
+        """One reconcile pass, run by a worker, waited for (``full``: also compare
+        every row with every running workflow, the O(rows) pass)."""
         result: ReconcileResult = await self.temporal.execute_workflow(
             RECONCILE_WORKFLOW,
+            ReconcileInput(full=full),
             id=f"{reconcile_schedule_id(self.task_queue)}:manual-{uuid.uuid4().hex[:8]}",
             task_queue=self.task_queue,
             result_type=ReconcileResult,

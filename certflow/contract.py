@@ -13,6 +13,8 @@ RECONCILE_WORKFLOW = "Reconcile"
 """One reconcile pass, started by the schedule."""
 WEBHOOK_DELIVERY_WORKFLOW = "WebhookDelivery"
 """Delivers one webhook event, a child of the Certificate workflow that outlives it."""
+RENEWAL_INFO_SWEEP_WORKFLOW = "RenewalInfoSweep"
+"""One pass asking the CA's ARI about every due certificate, started by its schedule."""
 DOMAIN_CHECK_WORKFLOW = "DomainCheck"
 """Runs every pre-check of one hostname, orders nothing (``starter.py check``)."""
 
@@ -25,6 +27,10 @@ def workflow_id_for(hostname: str) -> str:
 def reconcile_schedule_id(task_queue: str) -> str:
     """One schedule per task queue (a namespace may host several deployments)."""
     return f"certflow-reconcile:{task_queue}"
+
+
+def renewal_info_sweep_schedule_id(task_queue: str) -> str:
+    return f"certflow-renewal-info:{task_queue}"
 
 
 def domain_check_workflow_id(hostname: str, check_id: str) -> str:

@@ -26,6 +26,7 @@ class ErrorCode(StrEnum):
     ACME_FAILED = "ACME_FAILED"
     ACME_REJECTED = "ACME_REJECTED"
     HTTP01_UNREACHABLE = "HTTP01_UNREACHABLE"
+    INVALID_HOSTNAME = "INVALID_HOSTNAME"
 
 
 USER_MESSAGES: dict[ErrorCode, str] = {
@@ -46,6 +47,7 @@ USER_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.ACME_REJECTED: (
         "The certificate authority refused this hostname. Contact support."
     ),
+    ErrorCode.INVALID_HOSTNAME: "This is not a hostname a certificate can be issued for.",
     ErrorCode.HTTP01_UNREACHABLE: (
         "The HTTP challenge could not be reached. Check that /.well-known/acme-challenge/"
         " is routed to us."

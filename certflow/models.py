@@ -88,6 +88,19 @@ class CertificateInput(Frozen):
     tenant_id: str | None = None
     carried: CertificateRecord | None = None
     """Set by certflow itself on continue-as-new; never by a client."""
+    waits: CarriedWaits | None = None
+    """Set by certflow itself when a long wait continues as new; never by a client."""
+
+
+class CarriedWaits(Frozen):
+    """What a run that continued as new in the middle of waiting hands to the next."""
+
+    dns_failures: int = 0
+    """Consecutive DNS / self-check failures: the recheck backoff goes on growing."""
+    warned_expiring: bool = False
+    """``expiring_soon`` was sent for this certificate."""
+    ari_renewal: bool = False
+    """The renewal under way started because the CA's ARI window came."""
 
 
 class ProvisioningPolicy(Frozen):
@@ -124,6 +137,17 @@ class CertificateRecord(Frozen):
     not_before: datetime | None = None
     expires_at: datetime | None = None
     skips_dns: bool = False
+    ari_window_start: datetime | None = None
+    ari_window_end: datetime | None = None
+    """The CA's suggested renewal window (RFC 9773), as the renewal-info sweep read it."""
+    serial: str | None = None
+    """The current certificate's serial (a window is for one certificate)."""
+
+    @property
+    def ari_window(self) -> tuple[datetime, datetime] | None:
+        if self.ari_window_start is None or self.ari_window_end is None:
+            return None
+        return (self.ari_window_start, self.ari_window_end)
 
 
 class EnsureCertificateInput(Frozen):
@@ -257,6 +281,22 @@ class RenewalAdvice(Frozen):
     recheck_after_seconds: float | None = None
 
 
+class RenewalWindow(Frozen):
+    """Argument of the ``renewal_window`` signal: the CA's window for the
+    certificate of this serial moved."""
+
+    start: datetime
+    end: datetime
+    serial: str
+
+
+class RenewalInfoSweepResult(Frozen):
+    """What one renewal-info sweep did."""
+
+    asked: int = 0
+    moved: int = 0
+
+
 class OpenOrder(Frozen):
     """The order a cancel found open (its authorization is then deactivated)."""
 
@@ -345,11 +385,20 @@ class CertificateEvent(Frozen):
 CertificateInput.model_rebuild()
 
 
+class ReconcileInput(Frozen):
+    """A reconcile pass; ``full`` also lists every running workflow (the old, O(rows)
+    pass: for an operator after the schedule was held for long)."""
+
+    full: bool = False
+
+
 class ReconcileResult(Frozen):
     """What a reconcile pass did."""
 
     checked: int
     started: list[str]
+    refused: list[str] = []
+    """Rows whose hostname is not valid: CANCELED with INVALID_HOSTNAME, never started."""
 
 
 class WebhookEvent(Frozen):

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from certflow.models import (
         ISSUABLE,
         AcceptChallengeInput,
+        CarriedWaits,
         CertificateInput,
         CertificateRecord,
         CertificateState,
@@ -56,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         ProvisioningPolicy,
         RecordFailureInput,
         RenewalAdvice,
+        RenewalWindow,
         WaitForOrderInput,
         WebhookEvent,
     )
@@ -91,9 +93,17 @@ PLACE_ORDER_PATCH = "place-order"
 """One place_order activity (create + persist) instead of create_order and
 persist_challenge, and the accept inside the first wait_for_order instead of
 accept_challenge: two round trips fewer per certificate."""
-RENEWAL_SPREAD_PATCH = "renewal-spread"
-"""Renewal times spread per certificate (jitter without ARI; an ARI window that runs
-to notAfter cut to leave room for failures) instead of a draw per run."""
+RENEWAL_INFO_SWEEP_PATCH = "renewal-info-sweep"
+"""An ACTIVE certificate sleeps to its renewal time, spread per certificate (jitter
+without ARI; an ARI window that runs to notAfter cut to leave room for failures),
+its ARI window kept current by the renewal-info sweep's signal, instead of asking
+the CA itself on every re-check."""
+BOUNDED_HISTORY_PATCH = "bounded-history"
+"""A run whose history grew past HISTORY_EVENTS_BEFORE_NEW_RUN continues as new at
+the next turn of its loop, carrying what its waits need: a certificate waiting
+for years for DNS, a failure budget or a cooldown never reaches Temporal's limit."""
+HISTORY_EVENTS_BEFORE_NEW_RUN = 500
+"""With one turn of the loop at most ~60 events, no run exceeds 1,000 events."""
 COOLDOWN_SPREAD_PATCH = "cooldown-spread"
 """Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
 HTTP01_SELF_CHECK_PATCH = "http01-self-check"
@@ -121,11 +131,14 @@ class CertificateWorkflow:
         self._stop: _StopRequest | None = None
         self._stopped = False
         self._policy = ProvisioningPolicy()
-        self._warned_expiring = False
         self._retry_cuts_wait = False
         self._published: tuple[object, ...] | None = None
-        self._ari_renewal = False
+        waits = input.waits or CarriedWaits()
+        self._ari_renewal = waits.ari_renewal
         """The renewal under way started because the CA's ARI window came."""
+        self._warned_expiring = waits.warned_expiring
+        self._dns_failures = waits.dns_failures
+        self._window_moved = False
 
     @property
     def _record(self) -> CertificateRecord:
@@ -152,16 +165,20 @@ class CertificateWorkflow:
         )
         self._set_record(ensured.record)
         self._policy = policy = ensured.policy
-        dns_failures = 0
         while True:
             record = self._record
             if self._stop is not None:
                 return await self._finish_stop(self._stop)
             if record.status is CertificateStatus.CANCELED:
                 return await self._end(Phase.CANCELED)
+            if (
+                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+                and workflow.patched(BOUNDED_HISTORY_PATCH)
+            ):
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._next_run_input(carry_waits=True))
             if record.status is CertificateStatus.ACTIVE:
-                await self._wait_for_renewal()
-                if self._stop is None:
+                if await self._wait_for_renewal() and self._stop is None:
                     await self._begin_renewal()
                 continue
             if record.status is CertificateStatus.FAILED:
@@ -177,14 +194,14 @@ class CertificateWorkflow:
             except _Stopped:
                 continue
             except AttemptFailed as failure:
-                dns_failures = dns_failures + 1 if failure.code in RECHECK_CODES else 0
+                self._dns_failures = self._dns_failures + 1 if failure.code in RECHECK_CODES else 0
                 if not await self._record_failure(failure, policy):
                     if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
                         return await self._end(Phase.ROW_MOVED_ON)
                     if not await self._follow_moved_row(renewal):
                         return await self._end(Phase.ROW_GONE)
                     continue
-                await self._wait_after(failure, policy, dns_failures)
+                await self._wait_after(failure, policy, self._dns_failures)
                 continue
             self._set_record(self._record.model_copy(
                 update={
@@ -485,16 +502,50 @@ class CertificateWorkflow:
         self._set_record(reopened)
         return reopened.status is not CertificateStatus.FAILED
 
-    async def _wait_for_renewal(self) -> None:
-        """Sleep until the renewal time (ARI window when the CA offers one), or renew/stop."""
+    async def _wait_for_renewal(self) -> bool:
+        """Sleep until the renewal time, or renew/stop; True when it is time to renew
+        (False: the history grew long, the next run goes on waiting)."""
+        if workflow.patched(RENEWAL_INFO_SWEEP_PATCH):
+            return await self._sleep_until_renewal()
+        await self._ask_and_wait_for_renewal()
+        return True
+
+    async def _sleep_until_renewal(self) -> bool:
+        """One timer to the renewal time, spread per certificate; the CA's ARI window
+        comes from the row and from the renewal-info sweep's signal."""
+        record = self._record
+        assert record.not_before and record.expires_at
+        fraction = certificate_fraction(record.hostname, record.not_before)
+        self._ari_renewal = False
+        while self._stop is None and not self._renew_requested:
+            window = self._record.ari_window
+            renew_at = spread_renewal_time(record.not_before, record.expires_at, window, fraction)
+            now = workflow.now()
+            if renew_at <= now:
+                self._ari_renewal = window is not None
+                return True
+            if workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN:
+                return False
+            self._window_moved = False
+            self._next_attempt_at = renew_at
+            self._enter(Phase.WAITING_FOR_RENEWAL)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._renew_requested or self._stop is not None or self._window_moved,
+                    timeout=renew_at - now,
+                    timeout_summary=f"renewal at {renew_at:%Y-%m-%d %H:%M} UTC",
+                )
+            except asyncio.TimeoutError:
+                pass
+            self._next_attempt_at = None
+        return True
+
+    async def _ask_and_wait_for_renewal(self) -> None:
+        """How runs from before RENEWAL_INFO_SWEEP_PATCH wait: asking the CA's ARI
+        themselves at the interval it gives."""
         record = self._record
         assert record.not_before and record.expires_at
         fraction = workflow.random().random()
-        spread = workflow.patched(RENEWAL_SPREAD_PATCH)
-        if spread:
-            fraction = certificate_fraction(record.hostname, record.not_before)
-        chosen = spread_renewal_time if spread else renewal_time
-        self._ari_renewal = False
         while self._stop is None and not self._renew_requested:
             if workflow.info().is_continue_as_new_suggested():
                 break  # the next run starts this wait afresh with a short history
@@ -507,9 +558,8 @@ class CertificateWorkflow:
             window = None
             if advice.window_start is not None and advice.window_end is not None:
                 window = (advice.window_start, advice.window_end)
-            renew_at = chosen(record.not_before, record.expires_at, window, fraction)
+            renew_at = renewal_time(record.not_before, record.expires_at, window, fraction)
             now = workflow.now()
-            self._ari_renewal = window is not None
             if renew_at <= now:
                 break
             wake = renew_at
@@ -529,8 +579,6 @@ class CertificateWorkflow:
             self._next_attempt_at = None
             if workflow.now() >= renew_at:
                 break
-        if self._renew_requested:
-            self._ari_renewal = False  # asked for, not the CA's window
         if workflow.info().is_continue_as_new_suggested() and not (
             self._renew_requested or self._stop
         ) and workflow.now() < record.expires_at:
@@ -639,9 +687,20 @@ class CertificateWorkflow:
             details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
         workflow.set_current_details("\n\n".join(details))
 
-    def _next_run_input(self) -> CertificateInput:
+    def _next_run_input(self, *, carry_waits: bool = False) -> CertificateInput:
+        """After an issuance the next run starts afresh; in the middle of waiting it
+        carries what the waits need."""
         record = self._record
-        return CertificateInput(hostname=record.hostname, tenant_id=record.tenant_id, carried=record)
+        waits = None
+        if carry_waits:
+            waits = CarriedWaits(
+                dns_failures=self._dns_failures,
+                warned_expiring=self._warned_expiring,
+                ari_renewal=self._ari_renewal,
+            )
+        return CertificateInput(
+            hostname=record.hostname, tenant_id=record.tenant_id, carried=record, waits=waits
+        )
 
     def _check_stop(self) -> None:
         if self._stop is not None:
@@ -736,6 +795,18 @@ class CertificateWorkflow:
             raise ApplicationError(
                 f"nothing to retry: {record.hostname} is {record.status}{hint}", non_retryable=True
             )
+
+    @workflow.signal(name="renewal_window")
+    def renewal_window_signal(self, window: RenewalWindow) -> None:
+        """The CA's ARI window moved (sent by the renewal-info sweep): plan again. A
+        window for another certificate (the one just replaced) changes nothing."""
+        if self._current is not None and self._current.serial != window.serial:
+            return
+        if self._current is not None:
+            self._current = self._current.model_copy(
+                update={"ari_window_start": window.start, "ari_window_end": window.end}
+            )
+        self._window_moved = True
 
     @workflow.signal(name="renew")
     def renew_signal(self) -> None:

@@ -12,7 +12,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.reconcile import ReconcileActivities
-    from certflow.models import ReconcileResult
+    from certflow.models import ReconcileInput, ReconcileResult
     from certflow.contract import RECONCILE_WORKFLOW
 
 
@@ -21,9 +21,10 @@ class ReconcileWorkflow:
     """One reconcile pass."""
 
     @workflow.run
-    async def run(self) -> ReconcileResult:
+    async def run(self, input: ReconcileInput | None = None) -> ReconcileResult:
         result: ReconcileResult = await workflow.execute_activity_method(
             ReconcileActivities.reconcile_certificates,
+            input,
             start_to_close_timeout=timedelta(minutes=10),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),

@@ -43,8 +43,11 @@ from certflow.models import CertificateState
 from certflow.serving import SniCertificates
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
+from certflow.hostnames import normalize_hostname
 from certflow.models import CertificateState
-from tests.e2e.conftest import Deployment
+from temporalio.service import RPCError
+
+from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
 from workflows.policy import certificate_fraction, renewal_time, spread_renewal_time
 
 pytestmark = pytest.mark.e2e
@@ -375,30 +378,66 @@ async def test_cli_delete_with_revoke(
 async def test_reconcile_starts_a_row_inserted_directly_once(
     deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
 ) -> None:
-    hostname = deployment.hostname("reconcile")
-    await db.execute("INSERT INTO certificates (hostname) VALUES ($1)", hostname)
+    """A product inserts rows by SQL, spelled as it likes: upper case and a trailing
+    dot, a U-label, and a name that is no hostname at all. Reconcile gives each valid
+    one the spelling ``request`` computes (one row, one workflow, whoever asks next),
+    refuses the invalid one with a reason, and starts nothing twice.
 
-    first = await client.reconcile_now()
-    assert hostname in first.started, first
-    await _wait_for(
-        client,
-        hostname,
-        lambda r: r.status == "ACTIVE" and "renewal time" in (r.phase or ""),
-        what="ACTIVE and waiting for renewal",
-    )
-    run_id = (await client.handle(hostname).describe()).run_id
+    Checked: with reconcile starting ``certificate:<hostname as stored>`` (no
+    normalization) the U-label row got a second workflow and the later request a
+    second row; without the trigger the upper-case spelling did."""
+    plain = deployment.hostname("reconcile")
+    unique = plain.split(".", 1)[1]
+    u_label = f"bücher-{unique.split('.')[0]}.test"
+    a_label = normalize_hostname(u_label)
+    deployment.pebble.set_cname(a_label, CNAME_TARGET)
+    invalid = f"bad_name.{unique}"
+    async with reconcile_schedule_paused(client, "rows planted by SQL"):
+        for stored in (plain.upper() + ".", u_label, invalid):
+            await db.execute("INSERT INTO certificates (hostname) VALUES ($1)", stored)
+        assert await db.fetchval(
+            "SELECT hostname::text FROM certificates WHERE hostname = $1", plain
+        ) == plain  # the trigger made the stored spelling canonical
 
-    # Reconcile trusts visibility; let it show the current run as running (it lags a little).
-    query = f'WorkflowId="certificate:{hostname}" AND ExecutionStatus="Running"'
-    deadline = time.monotonic() + 10
-    while not [w async for w in client.temporal.list_workflows(query)]:
-        assert time.monotonic() < deadline, "visibility never showed the running workflow"
-        await asyncio.sleep(0.1)
+        first = await client.reconcile_now()
+        assert plain in first.started and a_label in first.started, first
+        assert invalid in first.refused, first
+        refused = await db.fetchrow(
+            "SELECT status, provisioning_error, provisioning_error_message FROM certificates"
+            " WHERE hostname = $1",
+            invalid,
+        )
+        assert (refused["status"], refused["provisioning_error"]) == ("CANCELED", "INVALID_HOSTNAME")
+        assert "underscore" in refused["provisioning_error_message"]
+        assert await db.fetchval(
+            "SELECT count(*) FROM certificate_events WHERE hostname = $1"
+            " AND to_status = 'CANCELED' AND error_code = 'INVALID_HOSTNAME'",
+            invalid,
+        ) == 1
+        with pytest.raises(RPCError):
+            await client.temporal.get_workflow_handle(f"certificate:{invalid}").describe()
 
-    second = await client.reconcile_now()
-    assert hostname not in second.started, second
-    assert (await client.handle(hostname).describe()).run_id == run_id
-    assert (await client.status(hostname)).status == "ACTIVE"  # type: ignore[union-attr]
+        for hostname in (plain, a_label):
+            await _wait_for(
+                client,
+                hostname,
+                lambda r: r.status == "ACTIVE" and "renewal time" in (r.phase or ""),
+                what="ACTIVE and waiting for renewal",
+            )
+        run_ids = {h: (await client.handle(h).describe()).run_id for h in (plain, a_label)}
+
+        # The product now requests the same names as a user types them: same rows, same runs.
+        assert await client.request([plain.upper(), u_label]) == [plain, a_label]
+        second = await client.reconcile_now()
+        assert not {plain, a_label} & set(second.started), second
+        for hostname in (plain, a_label):
+            assert (await client.handle(hostname).describe()).run_id == run_ids[hostname]
+            assert (await client.status(hostname)).status == "ACTIVE"  # type: ignore[union-attr]
+        rows = await db.fetchval(
+            "SELECT count(*) FROM certificates WHERE hostname = ANY($1::citext[])",
+            [plain, a_label, u_label],
+        )
+        assert rows == 2
 
 
 # ------------------------------------------- dedicated deployments behind a fault proxy
@@ -456,6 +495,11 @@ async def proxied(
             extra={
                 "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
                 "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+                "CERTFLOW_RENEWAL_INFO_SWEEP_SECONDS": "1",
+                # Its cancel-while-polling test needs the CA's validation to hang at an
+                # address where the self-check would hang too (tests/e2e/
+                # test_preflight_real_dns.py is where the self-check is proven).
+                "CERTFLOW_HTTP01_SELF_CHECK": "false",
                 "CERTFLOW_ORDER_FAST_POLL_SECONDS": "2",
                 "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
                 "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
@@ -617,7 +661,7 @@ async def test_renewal_time_falls_in_the_ari_window(proxied: ProxiedDeployment) 
             client,
             hostname,
             lambda r: r.next_attempt_at is not None and start <= r.next_attempt_at <= end,
-            timeout=30,
+            timeout=120,  # the sweep (every second here), the 503, the signal: on 2 busy cores
             what="a renewal time inside the ARI window",
         )
     except AssertionError:

@@ -97,7 +97,8 @@ HAPPY_STEPS = [
     "finalize_and_store",
 ]
 # What a run that starts on an ACTIVE row does before it waits for the renewal time.
-ACTIVE_RUN_STEPS = ["ensure_certificate", "renewal_info"]
+# (The renewal-info sweep asks the CA's ARI, not each certificate's workflow.)
+ACTIVE_RUN_STEPS = ["ensure_certificate"]
 # An issuance or renewal from a clean row (no open order), after ensure/begin_renewal.
 ATTEMPT_STEPS = HAPPY_STEPS[1:]
 
@@ -171,6 +172,8 @@ class Row:
     not_before: datetime | None = None
     expires_at: datetime | None = None
     skips_dns: bool = False
+    ari_window: tuple[datetime, datetime] | None = None
+    """The CA's window as the renewal-info sweep stored it."""
     serial: str | None = None
     deleted: bool = False
 
@@ -188,6 +191,9 @@ class Row:
             not_before=self.not_before,
             expires_at=self.expires_at,
             skips_dns=self.skips_dns,
+            serial=self.serial,
+            ari_window_start=self.ari_window[0] if self.ari_window else None,
+            ari_window_end=self.ari_window[1] if self.ari_window else None,
         )
 
     def clear_order(self) -> None:
@@ -404,6 +410,7 @@ class Fakes:
             row.not_before, row.expires_at = issued.not_before, issued.not_after
             row.retry_count = 0
             row.error_code = row.error_message = None
+            row.ari_window = None  # the new certificate's window is the sweep's to find
             row.clear_order()
             return issued
 
@@ -627,12 +634,13 @@ class Run:
 
     def in_renewal_wait(self, serial_count: int | None = None) -> bool:
         """From the fakes alone: the row is ACTIVE and the current run's last step
-        was asking the CA when to renew (so it is on the renewal timer)."""
+        read it (so it is on the renewal timer; runs from before the renewal-info
+        sweep asked the CA when to renew last)."""
         names = self.fakes.names()
         return (
             self.fakes.row.status is CertificateStatus.ACTIVE
             and bool(names)
-            and names[-1] == "renewal_info"
+            and names[-1] in ("ensure_certificate", "load_certificate", "renewal_info")
             and (serial_count is None or len(self.fakes.issued) == serial_count)
         )
 
@@ -648,8 +656,8 @@ class Run:
         Waits on the fakes first and only then queries: the V1 test server can
         lose a query that meets the workflow task that continues the run as new,
         and then also never records that run's close event (``handle.result()``
-        and history reads of that run hang). After ``renewal_info`` the new run
-        is on its timer and queries are safe.
+        and history reads of that run hang). After the new run read the row it is
+        on its timer and queries are safe.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -15,7 +15,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, RenewalAdvice
+from certflow.models import CertificateStatus, OrderKind, RenewalWindow
 
 from .fakes import (
     renewal_at,
@@ -52,7 +52,6 @@ async def test_renews_when_the_rule_says(
     async with started(workflow_env, fakes) as run:
         state = await run.until_active()
         assert fakes.names() == ACTIVE_RUN_STEPS
-        assert fakes.of("renewal_info")[0].arg == CERT_ID
         renew_at = renewal_at(t0, t0 + lifetime)
         # The rule's mark, less up to 10 % of the time before it (spread per certificate).
         assert t0 + renew_after * 0.9 <= renew_at <= t0 + renew_after
@@ -81,36 +80,75 @@ async def test_renews_when_the_rule_says(
 
 
 async def test_renews_inside_the_ari_window(workflow_env: WorkflowEnvironment) -> None:
+    """The renewal-info sweep stores the CA's window and signals the workflow, which
+    plans its renewal inside it (no activity of its own asks the CA)."""
     t0 = await workflow_env.get_current_time()
     start, end = t0 + timedelta(days=20), t0 + timedelta(days=22)
     fakes = Fakes(workflow_env, row=active_row(t0, timedelta(days=90)))
-    fakes.behaviours["renewal_info"] = returns(
-        # No window yet, ask again in a day…
-        RenewalAdvice(recheck_after_seconds=86400),
-        # …then the CA suggests one, well before the 1/3 rule's day 60.
-        RenewalAdvice(window_start=start, window_end=end, recheck_after_seconds=30 * 86400),
-    )
     async with started(workflow_env, fakes) as run:
         state = await run.until_active()
-        # No window: the 1/3 rule (spread per certificate).
+        # No window yet: the 1/3 rule (spread per certificate).
         assert state.next_attempt_at == renewal_at(t0, t0 + timedelta(days=90))
 
-        await run.sleep_until(t0 + timedelta(days=1, hours=1))
-        first, second = fakes.of("renewal_info")
-        assert timedelta(days=1) <= second.at - first.at < timedelta(days=1) + MINUTE
-        state = await run.state()
-        assert state.next_attempt_at is not None
-        assert start <= state.next_attempt_at <= end
+        await run.sleep_until(t0 + timedelta(days=1))
+        fakes.row.ari_window = (start, end)
+        await run.handle.signal(
+            "renewal_window", RenewalWindow(start=start, end=end, serial="initial")
+        )
+        state = await run.until(
+            lambda s: s.next_attempt_at is not None and s.next_attempt_at < t0 + timedelta(days=30),
+            "planned inside the window",
+        )
         planned = state.next_attempt_at
+        assert planned == renewal_at(t0, t0 + timedelta(days=90), (start, end))
+        assert start <= planned <= end
 
         await run.sleep_until(end + timedelta(hours=1))
         (begun,) = fakes.of("begin_renewal")
         assert planned <= begun.at < planned + MINUTE
-        assert start <= begun.at <= end + MINUTE
+        (placed,) = fakes.of("place_order")
+        assert placed.arg.kind is OrderKind.ARI_RENEWAL  # exempt from the CA's limits
         state = await run.until_active(serial_count=1)
-        # The new certificate: no window offered for it, so the 1/3 rule again.
+        # The new certificate: no window for it yet, so the 1/3 rule again.
         (issued,) = fakes.issued
         assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after)
+        assert "renewal_info" not in fakes.names()
+        await run.cancel()
+
+
+async def test_a_window_in_the_past_renews_now(workflow_env: WorkflowEnvironment) -> None:
+    """ARI's answer for a revoked certificate: a window in the past, renew at once."""
+    t0 = await workflow_env.get_current_time()
+    fakes = Fakes(workflow_env, row=active_row(t0, timedelta(days=90)))
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        await run.sleep_until(t0 + timedelta(days=3))
+        past = (t0 + timedelta(days=1), t0 + timedelta(days=2))
+        fakes.row.ari_window = past
+        signalled = await run.now()
+        await run.handle.signal(
+            "renewal_window", RenewalWindow(start=past[0], end=past[1], serial="initial")
+        )
+        (begun,) = await run.until_calls("begin_renewal", 1)
+        assert (begun.at - signalled).total_seconds() < 60
+        await run.until_active(serial_count=1)
+        await run.cancel()
+
+
+async def test_a_manual_renewal_is_not_counted_as_an_ari_renewal(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    t0 = await workflow_env.get_current_time()
+    window = (t0 + timedelta(days=20), t0 + timedelta(days=22))
+    row = active_row(t0, timedelta(days=90))
+    row.ari_window = window
+    fakes = Fakes(workflow_env, row=row)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        await run.handle.signal("renew")
+        (placed,) = await run.until_calls("place_order", 1)
+        assert placed.arg.kind is OrderKind.RENEWAL  # before its ARI window: a plain renewal
+        await run.until_active(serial_count=1)
         await run.cancel()
 
 
@@ -229,26 +267,22 @@ async def test_expiry_during_a_failing_renewal_then_the_ca_recovers(
         await run.cancel()
 
 
-async def test_a_failing_renewal_info_does_not_end_the_workflow(
+
+
+async def test_a_window_for_the_replaced_certificate_changes_nothing(
     workflow_env: WorkflowEnvironment,
 ) -> None:
+    """The sweep read the old certificate's window just before the renewal stored a new
+    one: its signal must not make the new certificate renew again at once."""
     t0 = await workflow_env.get_current_time()
-
-    async def broken(index: int, _: Any) -> Any:
-        if index < 4:  # every attempt of the first call (the CA retry policy: 4)
-            raise RuntimeError("could not read the current certificate")
-        return DEFAULT
-
-    fakes = Fakes(
-        workflow_env, row=active_row(t0, timedelta(days=90)), behaviours={"renewal_info": broken}
-    )
+    fakes = Fakes(workflow_env, row=active_row(t0, timedelta(days=90)))
     async with started(workflow_env, fakes) as run:
-        await run.until_calls("renewal_info", 4, advance=1)
-        await workflow_env.sleep(60)
-        description = await run.handle.describe()
-        status = description.status
-        if status is WorkflowExecutionStatus.RUNNING:
-            await run.until_active()
-            await run.cancel()
-    # The ACTIVE certificate's workflow must live on (and renew by the 1/3 rule).
-    assert status is WorkflowExecutionStatus.RUNNING, status
+        before = await run.until_active()
+        past = (t0 - timedelta(days=2), t0 - timedelta(days=1))
+        await run.handle.signal(
+            "renewal_window", RenewalWindow(start=past[0], end=past[1], serial="replaced")
+        )
+        await workflow_env.sleep(timedelta(hours=1))
+        assert "begin_renewal" not in fakes.names()
+        assert (await run.state()).next_attempt_at == before.next_attempt_at
+        await run.cancel()

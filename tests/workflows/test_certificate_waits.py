@@ -408,7 +408,7 @@ async def test_renew_during_the_renewal_wait_renews_at_once(
         assert state.expires_at == second.not_after
         renewed_at = fakes.names().index("begin_renewal")
         assert fakes.names()[renewed_at - 1 :] == [
-            "renewal_info",
+            "ensure_certificate",
             "begin_renewal",
             *ATTEMPT_STEPS,
             *ACTIVE_RUN_STEPS,
