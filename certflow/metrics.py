@@ -10,7 +10,6 @@ soonest expiry.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from datetime import datetime, timezone
@@ -18,6 +17,8 @@ from datetime import datetime, timezone
 import asyncpg
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+from certflow.changes import ChangeFeed
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class CertflowMetrics:
             "The earliest not_after among served certificates (Unix time)",
         )
         self._cooldown_reset: asyncio.TimerHandle | None = None
+        self._changes = ChangeFeed()
+        self._counts: dict[str, int] = {}
 
     def step(self, phase: str, result: str, started: float) -> None:
         """Count one step and its duration (``started`` from time.monotonic())."""
@@ -100,23 +103,32 @@ class CertflowMetrics:
             )
 
     async def refresh_from_database(self, pool: asyncpg.Pool) -> None:
-        """Certificates by status, soonest expiry and the cooldown: one query."""
+        """Certificates by status (counted once, then kept by the events since), the
+        soonest expiry and the cooldown: indexed reads whose cost follows the
+        changes, not the rows."""
+        if not self._changes.started:
+            async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+                await self._changes.start(conn)
+                rows = await conn.fetch("SELECT status, count(*) AS n FROM certificates GROUP BY status")
+            self._counts = {r["status"]: int(r["n"]) for r in rows}
+        else:
+            for change in await self._changes.read(pool):
+                if change.from_status is not None:
+                    self._counts[change.from_status] = self._counts.get(change.from_status, 0) - 1
+                if change.to_status in STATUSES:
+                    self._counts[change.to_status] = self._counts.get(change.to_status, 0) + 1
         row = await pool.fetchrow(
             """
             SELECT
-                (SELECT coalesce(json_object_agg(status, n), '{}')
-                   FROM (SELECT status, count(*) AS n FROM certificates GROUP BY status) s)
-                   AS by_status,
                 (SELECT min(ssl_expires_at) FROM certificates
                    WHERE status IN ('ACTIVE', 'RENEWING')) AS soonest,
                 (SELECT max(until) FROM acme_cooldowns) AS cooldown_until
             """
         )
         assert row is not None
-        counts = json.loads(row["by_status"])
         for status in STATUSES:
             self._by_status.with_additional_attributes({"status": status}).set(
-                float(counts.get(status, 0))
+                float(max(0, self._counts.get(status, 0)))
             )
         if row["soonest"] is not None:
             self._soonest_expiry.set(row["soonest"].timestamp())

@@ -21,22 +21,19 @@ import contextlib
 import logging
 import os
 import ssl
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import asyncpg
 
+from certflow.changes import ChangeFeed
 from certflow.crypto import EncryptionKey
 
 log = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 5.0
 CONTEXT_CACHE_SIZE = 10_000
-LOOK_BACK_SECONDS = 30.0
-"""Events are re-read this long: a transaction that commits after a later one
-(its event id is lower) is still seen."""
 _PAGE = 5_000
 _SERVED = ("ACTIVE", "RENEWING", "EXPIRED", "FAILED")
 
@@ -119,38 +116,28 @@ class SniCertificates:
         self._stored: dict[str, _Stored] = {}
         self._chains: dict[str, str] = {}  # one copy of each intermediate chain
         self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
-        self._loaded = False
-        self._horizon = 0  # every event up to this id was seen
-        self._recent: dict[int, float] = {}  # event ids above the horizon already applied
+        self._changes = ChangeFeed()
 
     # -- keeping up with Postgres ---------------------------------------------------
 
     async def refresh(self) -> int:
         """Apply what changed since the last refresh (everything, the first time);
         returns how many hostnames were (re)loaded or dropped."""
-        if not self._loaded:
+        if not self._changes.started:
             return await self._load_all()
-        rows = await self._pool.fetch(
-            "SELECT id, hostname::text AS hostname FROM certificate_events WHERE id > $1 ORDER BY id",
-            self._horizon,
-        )
-        now = time.monotonic()
-        fresh = [r for r in rows if r["id"] not in self._recent]
-        for r in fresh:
-            self._recent[r["id"]] = now
-        self._advance_horizon(now)
-        changed = sorted({r["hostname"] for r in fresh})
+        changed = sorted({c.hostname for c in await self._changes.read(self._pool)})
         if changed:
             await self._reload(changed)
         return len(changed)
 
     async def _load_all(self) -> int:
         # The events' position first: a change during the load is applied again after it.
-        self._horizon = int(await self._pool.fetchval("SELECT coalesce(max(id), 0) FROM certificate_events"))
+        await self._changes.start(self._pool)
         after = ""
         while True:
+            # Keyset pages in the order of the hostname's unique index.
             rows = await self._pool.fetch(
-                _SELECT + " AND hostname::text > $2 ORDER BY hostname::text LIMIT $3",
+                _SELECT + " AND hostname > $2::citext ORDER BY hostname LIMIT $3",
                 list(_SERVED),
                 after,
                 _PAGE,
@@ -160,7 +147,6 @@ class SniCertificates:
             if len(rows) < _PAGE:
                 break
             after = rows[-1]["hostname"]
-        self._loaded = True
         return len(self._stored)
 
     async def _reload(self, hostnames: Sequence[str]) -> None:
@@ -186,18 +172,6 @@ class SniCertificates:
         if self._stored.get(hostname) != stored:
             self._stored[hostname] = stored
             self._contexts.pop(hostname, None)  # rebuilt on the next handshake
-
-    def _advance_horizon(self, now: float) -> None:
-        """Move the horizon past events applied longer than LOOK_BACK_SECONDS ago, up to
-        the first id not yet seen (a gap may still be filled by a late commit)."""
-        settled = sorted(i for i, at in self._recent.items() if now - at > LOOK_BACK_SECONDS)
-        for event_id in settled:
-            if event_id != self._horizon + 1 and any(
-                self._horizon < i < event_id for i in self._recent if i not in settled
-            ):
-                break
-            self._horizon = max(self._horizon, event_id)
-            del self._recent[event_id]
 
     async def run(self) -> None:
         """Refresh forever (cancel the task to stop)."""

@@ -15,25 +15,29 @@ them the CA accepted (201, an order now exists) and which it refused
 client re-sends). So ``new_orders_for(h) == created(h) + refused(h)`` and only
 ``badNonce`` refusals are allowed. For the orders actually created we assert
 
-    created(h) <= 1 + D(h) + F(h) + W(h)
+    created(h) <= 1 + D(h)
 
 - 1: the order that issued the certificate.
 - D(h): disruptions (worker SIGKILLs, the Temporal restart, the Postgres
-  restart) that happened while h was in flight (between its request and its
-  first ACTIVE). Each can waste at most one of h's orders: a kill or a Temporal
-  restart can lose the result of a create_order the CA already answered (orders
-  are not idempotent, SPEC §7, so the retry opens another), and a dead
-  responder or Postgres during validation makes the CA invalidate the open
-  order (ACME_INVALID_ORDER → a new order).
-- F(h): times h went FAILED: the third counted failure clears the ACME state
-  (SPEC §4, ACME_FAILED), so the retry after it opens a new order.
-- No order is orphaned: create_order fetches the new order's authorization in
-  the same activity attempt and retries a short fault on that fetch itself
-  (BUG-1, fixed: the retry of the whole attempt used to open a second order).
+  restart) that happened while h had an order and was not yet ACTIVE (between
+  its first order and its first ACTIVE: a disruption before the order exists
+  can waste none). Each can waste at most one of h's orders: a kill or a
+  Temporal restart can lose the result of a create_order the CA already
+  answered (orders are not idempotent, SPEC §7, so the retry opens another),
+  and a dead responder or Postgres during validation makes the CA invalidate
+  the open order (ACME_INVALID_ORDER → a new order).
+- No certificate goes FAILED (asserted: 0 FAILED transitions), and no order is
+  orphaned: create_order fetches the new order's authorization in the same
+  activity attempt and retries a short fault on that fetch itself (BUG-1,
+  fixed: the retry of the whole attempt used to open a second order).
+
+The run proves its disruptions: every named kill step must fire once per wave
+(a step not reached in time fails the run), and an exception inside a proxy
+hook (which the proxy would only log) fails it too.
 
 And, stronger, in time: between any two consecutive orders the CA created for
 h there is a disruption (its window [start, worker/server back] overlapping
-the gap) or a FAILED transition of h. No order is wasted otherwise. Faults
+the gap). No order is wasted otherwise. Faults
 the proxy injects (429 storms, dropped connections) are answered without
 forwarding anything, so they never create an order themselves; a
 rate-limited or temporary failure keeps the open order (SPEC §4).
@@ -52,6 +56,7 @@ import asyncio
 import collections
 import json
 import math
+from collections.abc import Callable
 import os
 import statistics
 import threading
@@ -69,6 +74,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from certflow.crypto import PrivateKey, load_private_key, public_key_matches
+from certflow.dev import devstack
 from certflow.dev.faultproxy import Endpoint, Fault, Forwarded
 from certflow.models import CertificateState
 from certflow.settings import ClientSettings
@@ -120,6 +126,8 @@ class Chaos:
     refused: collections.Counter[str] = field(default_factory=collections.Counter)
     refusal_types: collections.Counter[str] = field(default_factory=collections.Counter)
     unexpected_exits: list[str] = field(default_factory=list)
+    hook_errors: list[str] = field(default_factory=list)
+    """Exceptions raised inside proxy hooks (the proxy only logs them): each fails the run."""
     storms: list[str] = field(default_factory=list)
     drops_queued: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -133,26 +141,38 @@ class Chaos:
 
     def install(self) -> None:
         proxy = self.stack.proxy
-        self._removers = [
-            proxy.on_forwarded(Endpoint.NEW_ORDER, self._on_new_order),
-            proxy.on_forwarded(
+        hooks: list[tuple[Endpoint, Callable[[Forwarded], None]]] = [
+            (Endpoint.NEW_ORDER, self._on_new_order),
+            (
                 Endpoint.CHALLENGE,
                 lambda r: self._maybe_kill(
                     "accepted", r.method == "POST" and r.payload == b"{}" and r.status == 200
                 ),
             ),
-            proxy.on_forwarded(
+            (
                 Endpoint.ORDER,
                 lambda r: self._maybe_kill(
                     "polling", r.status == 200 and _json(r.response_body).get("status") in ("pending", "ready")
                 ),
             ),
-            proxy.on_forwarded(
-                Endpoint.FINALIZE, lambda r: self._maybe_kill("finalized", r.status == 200)
-            ),
-            proxy.on_forwarded(Endpoint.CERT, lambda r: self._maybe_kill("storing", r.status == 200)),
-            proxy.on_forwarded(Endpoint.AUTHZ, self._on_authz),
+            (Endpoint.FINALIZE, lambda r: self._maybe_kill("finalized", r.status == 200)),
+            (Endpoint.CERT, lambda r: self._maybe_kill("storing", r.status == 200)),
+            (Endpoint.AUTHZ, self._on_authz),
         ]
+        self._removers = [proxy.on_forwarded(e, self._guarded(e, hook)) for e, hook in hooks]
+
+    def _guarded(self, endpoint: Endpoint, hook: Callable[[Forwarded], None]) -> Callable[[Forwarded], None]:
+        """The proxy only logs what a hook raises: record it, so it fails the run."""
+
+        def run(request: Forwarded) -> None:
+            try:
+                hook(request)
+            except BaseException as err:
+                with self._lock:
+                    self.hook_errors.append(f"{endpoint} hook: {err!r}")
+                raise
+
+        return run
 
     def uninstall(self) -> None:
         for remove in self._removers:
@@ -473,10 +493,18 @@ async def _check_invariants(
         elif event["to_status"] == "FAILED":
             failed_at[event["hostname"]].append(event["at"].timestamp())
     failed = {h: len(failed_at[h]) for h in hostnames}
+    if sum(failed.values()):
+        problems.append(f"FAILED transitions: {sum(failed.values())} (a disruption must never fail a certificate)")
     sent, created, hits = {}, {}, {}
     for hostname in hostnames:
-        begin, end = requested_at[hostname] - 1, first_active[hostname].timestamp() + 1
-        hits[hostname] = sum(1 for d in chaos.disruptions if d.started <= end and d.ended >= begin)
+        # A disruption can waste an order only once there is one: count those that hit
+        # between the hostname's first order and its first ACTIVE (a kill before the
+        # order exists allows none).
+        first_order = chaos.created[hostname][0][0] if chaos.created[hostname] else math.inf
+        end = first_active[hostname].timestamp() + 1
+        hits[hostname] = sum(
+            1 for d in chaos.disruptions if d.started <= end and d.ended >= first_order - 1
+        )
         sent[hostname] = stack.proxy.new_orders_for(hostname)
         created[hostname] = len(chaos.created[hostname])
         orders = chaos.created[hostname]
@@ -496,11 +524,11 @@ async def _check_invariants(
                 f"{hostname}: {sent[hostname]} new orders sent, but {created[hostname]} created"
                 f" + {chaos.refused[hostname]} refused"
             )
-        bound = 1 + hits[hostname] + failed[hostname]
+        bound = 1 + hits[hostname]
         if created[hostname] > bound:
             problems.append(
                 f"{hostname}: {created[hostname]} orders created > bound {bound} (1 +"
-                f" {hits[hostname]} disruptions in flight + {failed[hostname]} FAILED)"
+                f" {hits[hostname]} disruptions after its first order)"
             )
     if set(chaos.refusal_types) - {"urn:ietf:params:acme:error:badNonce"}:
         problems.append(f"the CA refused new orders for other reasons: {dict(chaos.refusal_types)}")
@@ -558,6 +586,11 @@ async def _check_invariants(
     for hostname in suspects[:3]:
         print(await _diagnose(client, pool, stack, chaos, hostname), flush=True)
     assert not chaos.unexpected_exits, "the worker exited on its own:\n" + "\n".join(chaos.unexpected_exits)
+    assert not chaos.hook_errors, "proxy hooks failed:\n" + "\n".join(chaos.hook_errors)
+    # Every named kill must have happened as planned: a chaos run without its kills
+    # proves nothing.
+    assert not chaos.missed, f"kill steps never reached: {dict(chaos.missed)}"
+    assert all(kills[step] == waves for step in STEPS), (dict(kills), waves)
     assert not problems, "\n".join(problems[:50])
 
 
@@ -658,13 +691,33 @@ async def _check_workflows(client: CertflowClient, hostnames: list[str]) -> list
 
 # ------------------------------------------------------------- findings, reproduced exactly
 
-async def _connect(stack: ChaosStack) -> CertflowClient:
+async def _connect(stack: ChaosStack, task_queue: str | None = None) -> CertflowClient:
     return await CertflowClient.connect(
         ClientSettings(
             database_url=stack.database_url,
             temporal_address=stack.temporal.address,
-            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
+            task_queue=task_queue or stack.env["CERTFLOW_TASK_QUEUE"],
         )
+    )
+
+
+def _unchecked_worker(stack: ChaosStack, task_queue: str) -> devstack.WorkerProcess:
+    """A second worker, on its own task queue and loopback address, that accepts
+    challenges without the HTTP-01 self-check (which would catch what the CA is
+    meant to fail here)."""
+    port = stack.env["CERTFLOW_HTTP01_LISTEN"].rsplit(":", 1)[1]
+    return devstack.start_worker(
+        stack.workdir / "worker-unchecked",
+        {
+            **stack.env,
+            "CERTFLOW_TASK_QUEUE": task_queue,
+            "CERTFLOW_HTTP01_LISTEN": f"127.0.0.3:{port}",
+            "CERTFLOW_HTTP01_SELF_CHECK": "false",
+            "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+            "CERTFLOW_RENEWAL_INFO_SWEEP_SECONDS": "0",
+        },
+        name="worker-unchecked",
+        timeout=120,
     )
 
 
@@ -705,6 +758,8 @@ async def test_fault_after_new_order_opens_no_second_order(chaos_stack: ChaosSta
     try:
         await client.request([hostname])
         await _wait_row(client.pool, hostname, "status = 'ACTIVE'", 120)
+        # The drop really happened (on this hostname's authorization fetch or another's).
+        assert stack.proxy.pending(Endpoint.AUTHZ) == 0, "the injected drop was never consumed"
     finally:
         remove()
         stack.proxy.clear()
@@ -719,9 +774,13 @@ async def test_reaccepting_an_invalidated_challenge_is_an_invalid_order(
     fails meanwhile (nothing answers at the hostname's address). After the restart the
     retried accept finds the challenge invalid: that is the CA's verdict on the order
     (SPEC §4 ACME_INVALID_ORDER, one failure, new order), not a temporary error.
-    (BUG-2, fixed in a74fd76: it was ACME_TEMPORARY, retried 4 times and charged twice.)"""
+    (BUG-2, fixed in a74fd76: it was ACME_TEMPORARY, retried 4 times and charged twice.)
+    Run on a worker without the HTTP-01 self-check, which would see the dead address
+    first and never let the CA validate."""
     stack = chaos_stack
     stack.proxy.clear()
+    task_queue = f"certflow-chaos-unchecked-{uuid.uuid4().hex[:6]}"
+    worker = await asyncio.to_thread(_unchecked_worker, stack, task_queue)
     hostname = f"bug2-{uuid.uuid4().hex[:6]}.{MANAGED_BASE_DOMAIN}"
     # Managed: no DNS checks; its A record points where no responder listens.
     await asyncio.to_thread(stack.pebble.add_a, hostname, ["127.0.0.254"])
@@ -741,18 +800,18 @@ async def test_reaccepting_an_invalidated_challenge_is_an_invalid_order(
         # never reached the challenge, and the client re-sends it.
         accepted = request.payload == b"{}" and request.status == 200
         if path in challenge_paths and accepted and not killed.is_set():
-            stack.worker.kill()  # before the worker sees the CA's answer
+            worker.kill()  # before the worker sees the CA's answer
             killed.set()
 
     removers = [
         stack.proxy.on_forwarded(Endpoint.AUTHZ, on_authz),
         stack.proxy.on_forwarded(Endpoint.CHALLENGE, on_accept),
     ]
-    client = await _connect(stack)
+    client = await _connect(stack, task_queue)
     try:
         await client.request([hostname])
         assert await asyncio.to_thread(killed.wait, 60), "the challenge was never accepted"
-        await asyncio.to_thread(stack.worker.start, 120.0)
+        await asyncio.to_thread(worker.start, 120.0)
         await _wait_row(client.pool, hostname, "provisioning_error IS NOT NULL", 120)
         first_failure = await client.pool.fetchrow(
             "SELECT error_code, message FROM certificate_events"
@@ -766,6 +825,7 @@ async def test_reaccepting_an_invalidated_challenge_is_an_invalid_order(
             await client.cancel(hostname)  # it can never validate: stop it
         finally:
             await client.close()
+            await asyncio.to_thread(worker.stop)
     assert first_failure["error_code"] == "ACME_INVALID_ORDER", dict(first_failure)
 
 

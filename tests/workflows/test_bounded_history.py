@@ -1,0 +1,124 @@
+"""No run's history grows without bound, however long a certificate waits (issue:
+bounded forever): a year of wrong DNS, a year of daily FAILED retries, a day of a
+CA cooldown repeating every 36 s. Each waiting loop continues as new once its run
+passes HISTORY_EVENTS_BEFORE_NEW_RUN events, carrying what its waits need.
+
+Checked: with the bound raised out of reach (HISTORY_EVENTS_BEFORE_NEW_RUN =
+10**9) the year of wrong DNS made one run of 6,704 events and failed here.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from certflow.errors import ErrorCode
+from workflows.certificate import HISTORY_EVENTS_BEFORE_NEW_RUN
+
+from .fakes import (
+    FAST_POLICY,
+    Fakes,
+    Run,
+    acme_temporary_error,
+    app_error,
+    dns_cname_error,
+    started,
+)
+
+RUN_BOUND = 1000
+"""The stated bound (README): no run of a Certificate workflow above 1,000 events."""
+
+
+async def _run_lengths(env: WorkflowEnvironment, run: Run) -> list[int]:
+    """The number of events of every run of the workflow, first to current, following
+    the continue-as-new links."""
+    lengths = []
+    run_id: str | None = run.handle.first_execution_run_id
+    while run_id:
+        history = await env.client.get_workflow_handle(run.handle.id, run_id=run_id).fetch_history()
+        lengths.append(len(history.events))
+        last = history.events[-1]
+        run_id = None
+        if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+    return lengths
+
+
+async def _advance(env: WorkflowEnvironment, total: timedelta, step: timedelta) -> None:
+    moved = timedelta(0)
+    while moved < total:
+        await env.sleep(step)
+        moved += step
+
+
+def _check(lengths: list[int], what: str, calls: int) -> None:
+    print(f"\n{what}: {calls} attempts, {len(lengths)} runs, longest {max(lengths)} events")
+    assert len(lengths) > 2, lengths  # it really continued as new, several times
+    assert max(lengths) <= RUN_BOUND, lengths
+    assert max(lengths[:-1]) > HISTORY_EVENTS_BEFORE_NEW_RUN, lengths  # and only when long
+
+
+async def test_a_year_of_wrong_dns(workflow_env: WorkflowEnvironment) -> None:
+    policy = FAST_POLICY.model_copy(
+        update={"dns_recheck_initial_seconds": 3600, "dns_recheck_max_seconds": 86400}
+    )
+    fakes = Fakes(workflow_env, policy=policy)
+
+    async def never_fixed(index: int, _: object) -> object:
+        raise dns_cname_error()
+
+    fakes.behaviours["check_dns"] = never_fixed
+    async with started(workflow_env, fakes) as run:
+        await _advance(workflow_env, timedelta(days=365), timedelta(days=30))
+        checks = fakes.of("check_dns")
+        assert len(checks) > 350
+        # The backoff went on growing across runs (it is carried): daily at the end.
+        last_gaps = [(b.at - a.at).total_seconds() for a, b in zip(checks[-5:], checks[-4:])]
+        assert all(86400 <= g < 86400 + 60 for g in last_gaps), last_gaps
+        state = await run.state()
+        assert state.error_code is ErrorCode.DNS_CNAME and state.retry_count == 0
+        _check(await _run_lengths(workflow_env, run), "a year of wrong DNS", len(checks))
+        await run.cancel()
+
+
+async def test_a_year_of_daily_failed_retries(workflow_env: WorkflowEnvironment) -> None:
+    policy = FAST_POLICY.model_copy(
+        update={
+            "failed_retry_seconds": 86400,
+            "failure_backoff_initial_seconds": 600,
+            "failure_backoff_max_seconds": 600,
+        }
+    )
+    fakes = Fakes(workflow_env, policy=policy)
+
+    async def always(index: int, _: object) -> object:
+        raise acme_temporary_error()
+
+    fakes.behaviours["finalize_and_store"] = always
+    async with started(workflow_env, fakes) as run:
+        await _advance(workflow_env, timedelta(days=365), timedelta(days=30))
+        reopened = fakes.of("reopen_failed")
+        assert len(reopened) > 350  # every day, for a year
+        state = await run.state()
+        assert state.status.value == "FAILED"
+        _check(await _run_lengths(workflow_env, run), "a year of daily FAILED retries", len(reopened))
+        await run.cancel()
+
+
+async def test_a_day_of_a_cooldown_every_36_seconds(workflow_env: WorkflowEnvironment) -> None:
+    fakes = Fakes(workflow_env)
+
+    async def limited(index: int, _: object) -> object:
+        raise app_error(ErrorCode.ACME_RATE_LIMITED, "too many new orders", retry_after=36)
+
+    fakes.behaviours["place_order"] = limited
+    async with started(workflow_env, fakes) as run:
+        await _advance(workflow_env, timedelta(days=1), timedelta(hours=2))
+        orders = fakes.of("place_order")
+        assert len(orders) > 1500  # ~ every 36-41 s (the cooldown, then its spread)
+        state = await run.state()
+        assert state.error_code is ErrorCode.ACME_RATE_LIMITED and state.retry_count == 0
+        _check(await _run_lengths(workflow_env, run), "a day of 36 s cooldowns", len(orders))
+        await run.cancel()
