@@ -2,12 +2,20 @@
 
     .venv/bin/python -m tests.workflows.record_histories [LABEL]
 
-Runs four scenarios on real servers (Temporal dev server, embedded Postgres,
-Pebble, challtestsrv, a worker) and writes every run's history to
+Runs the scenarios on real servers (Temporal dev server, embedded Postgres,
+Pebble, challtestsrv, a fault proxy in front of Pebble serving ARI, a worker)
+and writes every run's history to
 tests/workflows/histories/<scenario>[-LABEL]-<n>.json. Never overwrite: the
 point of the checked-in files is that every later change to the workflow still
 replays them (patch with workflow.patched() where it would not). After a patch
 that changes these scenarios' paths, record them again under a label naming it.
+
+The first four scenarios are those of every label; ``edge-unreachable``,
+``rate-limited`` and ``ari-renewal`` were added with the self-check, the
+cooldown spread and the renewal-info sweep. ``failure-and-retry`` needs a CA
+that fails a validation the self-check passes, which one DNS for both cannot
+give: from the ``sweep`` label on, the FAILED path's history is recorded with
+the fakes (record_patch_histories.py).
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from certflow.dev import devstack
+from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.models import CertificateState
@@ -70,7 +80,9 @@ async def _export(client: CertflowClient, hostname: str, scenario: str) -> None:
         print(f"wrote {path.name} ({len(history.events)} events)")
 
 
-async def _scenarios(client: CertflowClient, pebble: devstack.PebbleStack) -> None:
+async def _scenarios(
+    client: CertflowClient, pebble: devstack.PebbleStack, proxy: FaultProxy
+) -> None:
     scenarios: dict[str, Callable[[str], Awaitable[None]]] = {}
 
     async def happy_path(host: str) -> None:
@@ -100,14 +112,49 @@ async def _scenarios(client: CertflowClient, pebble: devstack.PebbleStack) -> No
         await _until(client, host, lambda r: _settled(r) and r.serial is not None)
         await asyncio.sleep(1)
 
+    async def edge_unreachable(host: str) -> None:
+        pebble.add_a(host, ["127.0.0.9"])  # nothing listens: the self-check fails
+        await client.request([host])
+        await _until(client, host, lambda r: r.error_code == "HTTP01_UNREACHABLE")
+        pebble.clear_a(host)
+        await client.retry(host)
+        await _until(client, host, _settled)
+
+    async def rate_limited(host: str) -> None:
+        pebble.set_cname(host, TARGET)
+        proxy.inject(Endpoint.NEW_ORDER, Fault.rate_limited("1"))
+        await client.request([host])
+        await _until(client, host, _settled)
+
+    async def ari_renewal(host: str) -> None:
+        pebble.set_cname(host, TARGET)
+        await client.request([host])
+        await _until(client, host, _settled)
+        first = await client.status(host)
+        assert first is not None
+        now = datetime.now(timezone.utc)
+        # The CA's window opens now: the sweep tells the workflow, which renews.
+        proxy.serve_renewal_info(
+            now - timedelta(minutes=1), now + timedelta(seconds=30), retry_after="1"
+        )
+        await _until(client, host, lambda r: _settled(r) and r.serial != first.serial, timeout=120)
+        later = datetime.now(timezone.utc) + timedelta(days=60)
+        proxy.serve_renewal_info(later, later + timedelta(days=2), retry_after="1")
+        await asyncio.sleep(1)
+
     scenarios = {
         "happy-path": happy_path,
         "dns-wait": dns_wait,
-        "failure-and-retry": failure_and_retry,
         "renewal": renewal,
+        "edge-unreachable": edge_unreachable,
+        "rate-limited": rate_limited,
+        "ari-renewal": ari_renewal,
     }
+    if not LABEL:  # the first recording only: see the module docstring
+        scenarios["failure-and-retry"] = failure_and_retry
     for name, scenario in scenarios.items():
-        host = f"{name}.{MANAGED}" if name == "failure-and-retry" else f"{name}.replay.test"
+        managed = name in ("failure-and-retry", "edge-unreachable")  # no CNAME: its own A record
+        host = f"{name}.{MANAGED}" if managed else f"{name}.replay.test"
         await scenario(host)
         await client.cancel(host)
         await _export(client, host, name)
@@ -117,6 +164,11 @@ async def _main(workdir: Path) -> None:
     postgres = devstack.start_embedded_postgres(workdir / "postgres")
     temporal = devstack.start_temporal(workdir / "temporal")
     pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=0)
+    proxy = start_fault_proxy(pebble, workdir / "pebble")
+    # The CA's ARI, from the start (the worker reads the directory once): a window
+    # well ahead, until ari_renewal opens one now.
+    later = datetime.now(timezone.utc) + timedelta(days=60)
+    proxy.serve_renewal_info(later, later + timedelta(days=2), retry_after="1")
     worker = None
     try:
         database_url = devstack.create_database(postgres.url, "certflow_replay")
@@ -133,6 +185,8 @@ async def _main(workdir: Path) -> None:
                 "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
                 "CERTFLOW_FAILED_RETRY_SECONDS": "0",
                 "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+                "CERTFLOW_RENEWAL_INFO_SWEEP_SECONDS": "1",
+                "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
             },
         )
         worker = devstack.start_worker(workdir / "worker", env)
@@ -140,11 +194,11 @@ async def _main(workdir: Path) -> None:
             ClientSettings(database_url=database_url, temporal_address=temporal.address)
         )
         try:
-            await _scenarios(client, pebble)
+            await _scenarios(client, pebble, proxy)
         finally:
             await client.close()
     finally:
-        for server in (worker, pebble, temporal, postgres):
+        for server in (worker, proxy, pebble, temporal, postgres):
             if server is not None:
                 server.stop()
 

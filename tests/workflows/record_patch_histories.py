@@ -4,9 +4,11 @@
 
 Runs the scenarios a ``workflow.patched()`` guards on the time-skipping test
 server with the fakes (no real server produces them on demand) and writes each
-history to tests/workflows/histories/<scenario>[-SUFFIX]-1.json. Record once on
+history to tests/workflows/histories/<scenario>[-SUFFIX]-<n>.json. Record once on
 the code before the patch (with a suffix such as ``unpatched``) and once after:
-test_replay.py replays both on today's code.
+test_replay.py replays both on today's code. No suffix or ``unpatched``: the
+follow-moved-row scenario; ``sweep``: a DNS wait long enough to continue as new
+(bounded-history) and the FAILED path after the self-check patch.
 """
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from datetime import timedelta
+
 from tests.workflows.conftest import find_test_server
-from tests.workflows.fakes import Fakes, started
+from tests.workflows.fakes import (
+    FAST_POLICY,
+    Fakes,
+    acme_temporary_error,
+    dns_cname_error,
+    fail_first,
+    started,
+)
 from tests.workflows.record_histories import HISTORIES
 from tests.workflows.test_certificate_workflow import stored_but_result_lost
 
@@ -41,12 +52,55 @@ async def _row_moved_on(env: WorkflowEnvironment, name: str) -> None:
     print(f"wrote {path.name} ({len(history.events)} events)")
 
 
+def _write(name: str, history: object, events: int) -> None:
+    path = HISTORIES / f"{name}.json"
+    if path.exists():
+        raise FileExistsError(f"{path} is checked in: record under a new suffix")
+    path.write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")  # type: ignore[attr-defined]
+    print(f"wrote {path.name} ({events} events)")
+
+
+async def _long_dns_wait(env: WorkflowEnvironment, name: str) -> None:
+    """Wrong DNS long enough for a run to pass the bound and continue as new
+    (BOUNDED_HISTORY_PATCH): both runs, the first ending in continue-as-new."""
+    policy = FAST_POLICY.model_copy(
+        update={"dns_recheck_initial_seconds": 3600, "dns_recheck_max_seconds": 3600}
+    )
+    fakes = Fakes(env, policy=policy, behaviours={"check_dns": fail_first(60, dns_cname_error)})
+    async with started(env, fakes) as run:
+        await run.until_active(advance=timedelta(hours=6), timeout=180)
+        await run.cancel()
+        first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
+        for n, handle in enumerate((first, run.handle), 1):
+            history = await handle.fetch_history()
+            _write(f"{name}-{n}", history, len(history.events))
+
+
+async def _failed_then_retried(env: WorkflowEnvironment, name: str) -> None:
+    """Three failed attempts, FAILED, retry, ACTIVE (the FAILED path after the
+    self-check patch: no one DNS lets a real CA fail what the self-check passes)."""
+    fakes = Fakes(env, behaviours={"finalize_and_store": fail_first(3, acme_temporary_error)})
+    async with started(env, fakes) as run:
+        await run.until(lambda s: s.status.value == "FAILED", "FAILED", advance=10)
+        await run.handle.signal("retry")
+        await run.until_active()
+        await run.cancel()
+        first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
+        for n, handle in enumerate((first, run.handle), 1):
+            history = await handle.fetch_history()
+            _write(f"{name}-{n}", history, len(history.events))
+
+
 async def _main(suffix: str) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=find_test_server(), data_converter=pydantic_data_converter
     )
     try:
-        await _row_moved_on(env, "row-moved-on" + (f"-{suffix}" if suffix else ""))
+        if suffix in ("", "unpatched"):
+            await _row_moved_on(env, "row-moved-on" + (f"-{suffix}" if suffix else ""))
+        else:
+            await _long_dns_wait(env, f"long-dns-wait-{suffix}")
+            await _failed_then_retried(env, f"failed-then-retried-{suffix}")
     finally:
         await env.shutdown()
 

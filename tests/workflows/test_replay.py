@@ -2,7 +2,8 @@
 
 The histories (tests/workflows/histories, recorded by record_histories.py on
 real servers) cover the happy path, a DNS wait, failures then FAILED then
-retry, and a renewal, each run of each. Those of record_patch_histories.py
+retry, and a renewal, each run of each; later labels add an unreachable edge,
+a rate limit and an ARI renewal. Those of record_patch_histories.py
 show each patched path before and after its patch. A change to the workflow that would
 make an old history take another path fails here: guard it with
 ``workflow.patched()`` so running certificates keep their course.
@@ -37,6 +38,17 @@ def test_the_scenarios_are_all_there() -> None:
         "dns-wait-place-order",
         "failure-and-retry-place-order",
         "renewal-place-order",
+        # HTTP01_SELF_CHECK_PATCH, COOLDOWN_SPREAD_PATCH, RENEWAL_INFO_SWEEP_PATCH and
+        # BOUNDED_HISTORY_PATCH: the scenarios after them, on real servers…
+        "happy-path-sweep",
+        "dns-wait-sweep",
+        "renewal-sweep",
+        "edge-unreachable-sweep",
+        "rate-limited-sweep",
+        "ari-renewal-sweep",
+        # …and with the fakes: a run that continued as new while waiting; FAILED.
+        "long-dns-wait-sweep",
+        "failed-then-retried-sweep",
     }
 
 
