@@ -287,22 +287,7 @@ class AcmeActivities:
         order back; at most ``max_orders_in_flight`` at a time for the account. A
         renewal names the certificate it replaces (RFC 9773 §5) when the CA takes
         it; refused, it is sent once more without."""
-        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
-        if held is not None:
-            remaining = max(0.0, held.until.timestamp() - time.time())
-            where = "this account" if held.scope is LimitScope.ACCOUNT else f"{held.scope_key}"
-            raise AcmeProblemError(
-                code=ErrorCode.ACME_RATE_LIMITED,
-                message=(
-                    f"the CA is rate-limiting new orders for {where} until"
-                    f" {held.until.isoformat()}: {held.detail or held.limit_name}"
-                ),
-                problem_type=held.problem_type or "",
-                detail=held.detail or "",
-                retry_after_seconds=remaining,
-                limit_scope=str(held.scope),
-                limit_name=held.limit_name,
-            )
+        await self._raise_if_held(hostname, kind)
         replaces = None
         if kind is not OrderKind.NEW and certificate_id is not None:
             replaces = await self._replaces(certificate_id)
@@ -313,6 +298,8 @@ class AcmeActivities:
                 self._pacing.max_orders_in_flight,
                 timeout=ORDER_SLOT_WAIT,
             ):
+                # A refusal may have come while this order waited for its slot.
+                await self._raise_if_held(hostname, kind)
                 return await self._send_new_order(hostname, replaces)
         except NoOrderSlotError as err:
             raise AcmeProblemError(
@@ -320,6 +307,27 @@ class AcmeActivities:
                 message=f"waiting for a new-order slot of the account: {err}",
                 retry_after_seconds=BUSY_SLOTS_RETRY_SECONDS,
             ) from None
+
+    async def _raise_if_held(self, hostname: str, kind: OrderKind) -> None:
+        """ACME_RATE_LIMITED when a cooldown in a scope that applies holds this kind of
+        order back: nothing is sent into a bucket known to be empty."""
+        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
+        if held is None:
+            return
+        remaining = max(0.0, held.until.timestamp() - time.time())
+        where = "this account" if held.scope is LimitScope.ACCOUNT else f"{held.scope_key}"
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_RATE_LIMITED,
+            message=(
+                f"the CA is rate-limiting new orders for {where} until"
+                f" {held.until.isoformat()}: {held.detail or held.limit_name}"
+            ),
+            problem_type=held.problem_type or "",
+            detail=held.detail or "",
+            retry_after_seconds=remaining,
+            limit_scope=str(held.scope),
+            limit_name=held.limit_name,
+        )
 
     async def _send_new_order(self, hostname: str, replaces: str | None) -> OpenedOrder:
         try:

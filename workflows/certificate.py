@@ -305,7 +305,9 @@ class CertificateWorkflow:
         exempt from some limits, an ARI renewal from nearly all (SPEC §4)."""
         if record.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
             return OrderKind.NEW
-        return OrderKind.ARI_RENEWAL if self._ari_renewal else OrderKind.RENEWAL
+        window = record.ari_window
+        in_window = window is not None and window[0] <= workflow.now() <= window[1]
+        return OrderKind.ARI_RENEWAL if self._ari_renewal or in_window else OrderKind.RENEWAL
 
     async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
         """How runs from before PLACE_ORDER_PATCH open an order: two activities."""

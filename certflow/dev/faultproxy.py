@@ -56,6 +56,48 @@ callback that blocks holds the answer back (and one that kills the client
 means the client never sees it). Injected faults and the proxy's own ARI
 answers are not forwarded, so they do not call hooks. An exception in a
 callback is logged and otherwise ignored. Without hooks nothing changes.
+
+Let's Encrypt's rate limits, opt in: the proxy decides, before forwarding a
+new-order, whether Boulder's buckets allow it, and answers a refusal itself::
+
+    proxy.emulate_limits(LimitsConfig(per_domain=Bucket(5, period=20.0)))  # 5 per "week"
+    proxy.emulate_limits(LimitsConfig(new_orders=Bucket(3, period=10.0)))  # the account alone
+    ... [d for d in proxy.limit_decisions() if not d.allowed] ...
+    proxy.emulate_limits(None)                                             # off again
+
+The buckets are Boulder's (letsencrypt/boulder ``ratelimits``): GCRA token
+buckets holding ``capacity`` tokens, one coming back every ``period /
+capacity`` seconds (time scaled: a "week" can be seconds), keyed as Let's
+Encrypt keys them: NewOrdersPerAccount per account (the JWS ``kid``),
+CertificatesPerDomain per registered domain (public suffix + 1 label,
+``certflow.hostnames.registered_domain``), CertificatesPerFQDNSet per exact
+identifier set, FailedAuthorizationsPerDomainPerAccount per identifier per
+account. A new-order is checked against all of them at once and refused by the
+strictest (``wfe2/wfe.go`` checkNewOrderLimits): HTTP 429,
+``application/problem+json`` ``{"type": "urn:ietf:params:acme:error:rateLimited",
+"detail": <Boulder's text, ending ": see
+https://letsencrypt.org/docs/rate-limits/#<anchor>">, "status": 429}``,
+``Retry-After`` = seconds until that bucket has a token plus up to 3 % jitter,
+rounded up (Boulder rounds to the nearest second), Boulder's ``Link:
+<https://letsencrypt.org/docs/rate-limits>;rel="help"`` and a fresh
+``Replay-Nonce``; nothing reaches Pebble. When tokens are spent follows Boulder:
+NewOrdersPerAccount when the order is created (taken at the decision, refunded
+unless Pebble answered 201); the certificate limits are only checked at
+new-order and spent when the certificate is issued (``ra/ra.go``
+countCertificateIssued; the proxy sees the order turn ``valid`` or the
+certificate downloaded), so orders placed before earlier ones are issued all
+pass, as at Let's Encrypt; ``LimitsConfig(certificates_spent_at=SpendAt.ORDER)``
+spends them at the 201 instead, for tests that need a burst to find the bucket
+exactly. Failed authorizations are spent when the proxy sees an authorization
+(or its challenge, or its order) turn ``invalid``. Exemptions as Let's Encrypt
+applies them: an order for an identifier set the proxy saw issued is a renewal,
+exempt from NewOrdersPerAccount and CertificatesPerDomain (and at issuance it
+spends no CertificatesPerDomain); an order whose ``replaces`` names a
+certificate the proxy saw downloaded (RFC 9773 certID, :func:`ari_cert_id`)
+while the proxy serves an ARI window containing now is exempt from all limits.
+Every decision is kept (:meth:`FaultProxy.limit_decisions`,
+:meth:`~FaultProxy.limit_spends`, :meth:`~FaultProxy.limit_counts`). Injected
+faults come first; without the opt-in nothing changes.
 """
 
 from __future__ import annotations
@@ -69,10 +111,13 @@ import http
 import http.client
 import json
 import logging
+import math
+import random
 import socket
 import socketserver
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,14 +126,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from certflow.dev.devstack import PebbleStack
+from certflow.hostnames import registered_domain
 
 __all__ = [
+    "Bucket",
     "Endpoint",
     "Fault",
     "FaultProxy",
     "Forwarded",
+    "LimitCheck",
+    "LimitDecision",
+    "LimitSpend",
+    "LimitsConfig",
+    "OrderKind",
+    "SpendAt",
+    "ari_cert_id",
     "classify_path",
+    "go_duration",
     "start_fault_proxy",
 ]
 
@@ -287,6 +344,532 @@ def _normalize_host(host: str) -> str:
     return host.lower().rstrip(".")
 
 
+# ------------------------------------------------------------------ rate limits
+#
+# Let's Encrypt's limits as Boulder applies them (letsencrypt/boulder at 2d00c8e2):
+# the buckets are GCRA token buckets (ratelimits/gcra.go), one token coming back
+# every period / capacity; new-order checks them all in one batch
+# (wfe2/wfe.go checkNewOrderLimits → ratelimits/transaction.go
+# NewOrderLimitTransactions) and spends only NewOrdersPerAccount there (refunded
+# when the order is not created); the certificate limits are checked there and
+# spent at issuance (ra/ra.go countCertificateIssued), failed authorizations when
+# a validation fails (ra/ra.go countFailedValidations).
+
+RATE_LIMITS_DOCS = "https://letsencrypt.org/docs/rate-limits/"
+RATE_LIMITS_HELP_LINK = '<https://letsencrypt.org/docs/rate-limits>;rel="help"'
+"""Boulder's ``Link`` on a rate-limit answer (wfe2/wfe.go sendError: ``link(
+"https://letsencrypt.org/docs/rate-limits", "help")``, no trailing slash)."""
+RATE_LIMITED = "urn:ietf:params:acme:error:rateLimited"
+
+NEW_ORDERS_PER_ACCOUNT = "NewOrdersPerAccount"
+CERTIFICATES_PER_DOMAIN = "CertificatesPerDomain"
+CERTIFICATES_PER_FQDN_SET = "CertificatesPerFQDNSet"
+FAILED_AUTHORIZATIONS = "FailedAuthorizationsPerDomainPerAccount"
+
+_ANCHORS = {
+    NEW_ORDERS_PER_ACCOUNT: "new-orders-per-account",
+    CERTIFICATES_PER_DOMAIN: "new-certificates-per-registered-domain",
+    CERTIFICATES_PER_FQDN_SET: "new-certificates-per-exact-set-of-identifiers",
+    FAILED_AUTHORIZATIONS: "authorization-failures-per-identifier-per-account",
+}
+
+_EPSILON = 1e-9
+
+
+class OrderKind(StrEnum):
+    """How the emulator counted a new order (Boulder's exemptions, wfe2/wfe.go NewOrder)."""
+
+    NEW = "new"
+    """Every limit applies."""
+    RENEWAL = "renewal"
+    """Same identifier set as a certificate already issued: exempt from
+    NewOrdersPerAccount and CertificatesPerDomain."""
+    ARI_RENEWAL = "ari_renewal"
+    """``replaces`` names a certificate the proxy saw issued, inside the ARI window
+    the proxy serves: exempt from every limit."""
+
+
+class SpendAt(StrEnum):
+    """When the certificate limits (per registered domain, per identifier set) are spent."""
+
+    ISSUANCE = "issuance"
+    """As Boulder: checked at new-order, spent when the certificate is issued. Orders
+    placed before earlier ones are issued all pass the check (as at Let's Encrypt)."""
+    ORDER = "order"
+    """Spent when Pebble created the order (201), refunded when it did not: a CA
+    without that race, so a burst of orders finds the bucket exactly."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One limit: ``capacity`` tokens per ``period`` seconds (Boulder's burst = count),
+    one coming back every ``period / capacity`` seconds (GCRA); time scaled, so a
+    Let's Encrypt week can be ``period=20.0``."""
+
+    capacity: int
+    period: float
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1 or not self.period > 0:
+            raise ValueError(f"a Bucket needs capacity >= 1 and period > 0, not {self!r}")
+
+    @property
+    def emission(self) -> float:
+        """Seconds for one token to come back."""
+        return self.period / self.capacity
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Which of Let's Encrypt's limits the proxy enforces (None: that limit is off)."""
+
+    new_orders: Bucket | None = None
+    """NewOrdersPerAccount, per account (JWS ``kid``)."""
+    per_domain: Bucket | None = None
+    """CertificatesPerDomain, per registered domain (public suffix + 1 label)."""
+    per_identifier_set: Bucket | None = None
+    """CertificatesPerFQDNSet, per exact set of identifiers."""
+    failed_authorizations: Bucket | None = None
+    """FailedAuthorizationsPerDomainPerAccount, per identifier per account."""
+    certificates_spent_at: SpendAt = SpendAt.ISSUANCE
+    jitter: float = 0.03
+    """Retry-After is the wait for a token plus up to this fraction (Boulder: 3 %)."""
+    clock: Callable[[], float] = time.monotonic
+    """The buckets' clock (seconds); tests may pass a fake one."""
+
+    def bucket(self, limit: str) -> Bucket | None:
+        return {
+            NEW_ORDERS_PER_ACCOUNT: self.new_orders,
+            CERTIFICATES_PER_DOMAIN: self.per_domain,
+            CERTIFICATES_PER_FQDN_SET: self.per_identifier_set,
+            FAILED_AUTHORIZATIONS: self.failed_authorizations,
+        }[limit]
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """One bucket consulted for a new order."""
+
+    limit: str
+    """Boulder's name (``NewOrdersPerAccount``, ``CertificatesPerDomain``, ...)."""
+    key: str
+    """The account URL, the registered domain, the comma-joined sorted identifier
+    set, or ``<account URL>:<identifier>`` (Boulder's ``regId:identValue``)."""
+    allowed: bool
+    remaining: int
+    """Whole tokens left (after this order, when allowed)."""
+    retry_in: float
+    """Seconds until the bucket has a token (0 when allowed)."""
+
+
+@dataclass(frozen=True)
+class LimitDecision:
+    """The emulator's verdict on one new-order request."""
+
+    at: float
+    """``time.time()`` when decided (before forwarding, or answering 429)."""
+    account: str
+    identifiers: frozenset[str]
+    kind: OrderKind
+    replaces: str | None
+    allowed: bool
+    """Forwarded to Pebble (True) or answered 429 by the proxy (False)."""
+    checks: tuple[LimitCheck, ...]
+    limit: str | None = None
+    """The refusing limit (the strictest denied bucket)."""
+    key: str | None = None
+    retry_after: int | None = None
+    """The ``Retry-After`` sent (seconds)."""
+    detail: str | None = None
+
+    @property
+    def ends(self) -> float | None:
+        """``at + retry_after`` for a refusal: when the client may come back."""
+        return None if self.retry_after is None else self.at + self.retry_after
+
+
+@dataclass(frozen=True)
+class LimitSpend:
+    """A token taken from (or, ``cause="refund"``, given back to) a bucket."""
+
+    at: float
+    limit: str
+    key: str
+    cause: str
+    """``new-order``, ``issuance``, ``failed-authorization`` or ``refund``."""
+
+
+def ari_cert_id(certificate: x509.Certificate) -> str:
+    """RFC 9773 §4.1 certID: base64url(AKI keyIdentifier) "." base64url(serial DER content)."""
+    aki = certificate.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    if aki.key_identifier is None:
+        raise ValueError("the certificate's AKI has no keyIdentifier")
+    serial = certificate.serial_number
+    der = serial.to_bytes(serial.bit_length() // 8 + 1, "big", signed=False)
+    return f"{_b64url(aki.key_identifier)}.{_b64url(der)}"
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's ``time.Duration.String`` prints it (``168h0m0s``, ``20s``,
+    ``1m30s``, ``1.5s``, ``500ms``), as Boulder's details show periods."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+
+    def decimal(value: int, unit: int) -> str:
+        whole, frac = divmod(value, unit)
+        digits = str(frac).rjust(len(str(unit)) - 1, "0").rstrip("0")
+        return f"{whole}.{digits}" if digits else str(whole)
+
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{decimal(ns, 1_000)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{decimal(ns, 1_000_000)}ms"
+    total_s, frac_ns = divmod(ns, 1_000_000_000)
+    minutes, secs = divmod(total_s, 60)
+    hours, minutes = divmod(minutes, 60)
+    sec = decimal(secs * 1_000_000_000 + frac_ns, 1_000_000_000)
+    if hours:
+        return f"{sign}{hours}h{minutes}m{sec}s"
+    if minutes:
+        return f"{sign}{minutes}m{sec}s"
+    return f"{sign}{sec}s"
+
+
+def _boulder_detail(limit: str, bucket: Bucket, key: str, retry_at: float) -> str:
+    """Boulder's detail for a denied limit (ratelimits/limiter.go Decision.Result, with
+    errors/errors.go's ``: see <page>#<anchor>``)."""
+    stamp = datetime.datetime.fromtimestamp(retry_at, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
+    period = go_duration(bucket.period)
+    n = bucket.capacity
+    if limit == NEW_ORDERS_PER_ACCOUNT:
+        text = f"too many new orders ({n}) from this account in the last {period}"
+    elif limit == CERTIFICATES_PER_DOMAIN:
+        text = f"too many certificates ({n}) already issued for {json.dumps(key)} in the last {period}"
+    elif limit == CERTIFICATES_PER_FQDN_SET:
+        text = (
+            f"too many certificates ({n}) already issued for this exact set of identifiers"
+            f" in the last {period}"
+        )
+    else:
+        ident = key.rpartition(":")[2]
+        text = f"too many failed authorizations ({n}) for {json.dumps(ident)} in the last {period}"
+    return f"{text}, retry after {stamp}: see {RATE_LIMITS_DOCS}#{_ANCHORS[limit]}"
+
+
+@dataclass
+class _Verdict:
+    decision: LimitDecision
+    spent: list[tuple[str, str]]
+    """Buckets spent at the decision, refunded when Pebble does not create the order."""
+
+
+def _jws_protected(body: bytes | None) -> dict[str, Any]:
+    if not body:
+        return {}
+    try:
+        encoded = json.loads(body)["protected"]
+        header = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _url_path(url: str) -> str:
+    return urllib.parse.urlsplit(url).path
+
+
+def _link_up(headers: list[tuple[str, str]]) -> str | None:
+    for name, value in headers:
+        if name.lower() != "link":
+            continue
+        for part in value.split(","):
+            if 'rel="up"' in part.replace(" ", "") and "<" in part and ">" in part:
+                return part[part.index("<") + 1 : part.index(">")]
+    return None
+
+
+class _Limits:
+    """The emulator's buckets and what the proxy saw issued; guarded by _State.lock."""
+
+    def __init__(self) -> None:
+        self.config: LimitsConfig | None = None
+        self.tats: dict[tuple[str, str], float] = {}
+        self.decisions: list[LimitDecision] = []
+        self.spends: list[LimitSpend] = []
+        # What the CA issued, as seen through the proxy (kept across emulate_limits).
+        self.issued_sets: set[frozenset[str]] = set()
+        self.issued_paths: set[str] = set()
+        self.cert_ids: dict[str, frozenset[str]] = {}
+        self.authz_identifiers: dict[str, str] = {}
+        self.failed_authz: set[str] = set()
+
+    def reset(self, config: LimitsConfig | None) -> None:
+        self.config = config
+        self.tats.clear()
+        self.decisions.clear()
+        self.spends.clear()
+
+    # ------------------------------------------------------------- GCRA
+
+    def _check(self, limit: str, bucket: Bucket, key: str, now: float) -> LimitCheck:
+        """ratelimits/gcra.go maybeSpend, without storing anything."""
+        tat = max(now, self.tats.get((limit, key), now))
+        new_tat = tat + bucket.emission
+        difference = now - (new_tat - bucket.period)
+        if difference < -_EPSILON:
+            remaining = int((now - (tat - bucket.period)) // bucket.emission + _EPSILON)
+            return LimitCheck(limit, key, False, max(remaining, 0), -difference)
+        remaining = int(max(difference, 0.0) // bucket.emission + _EPSILON)
+        return LimitCheck(limit, key, True, remaining, 0.0)
+
+    def _spend(self, limit: str, key: str, now: float, at: float, cause: str) -> bool:
+        """Take a token when there is one (Boulder's spend-only transactions are best
+        effort: an empty bucket stays as it is)."""
+        assert self.config is not None
+        bucket = self.config.bucket(limit)
+        if bucket is None or not self._check(limit, bucket, key, now).allowed:
+            return False
+        self.tats[(limit, key)] = max(now, self.tats.get((limit, key), now)) + bucket.emission
+        self.spends.append(LimitSpend(at, limit, key, cause))
+        return True
+
+    def _refund(self, limit: str, key: str, now: float, at: float) -> None:
+        assert self.config is not None
+        bucket = self.config.bucket(limit)
+        tat = self.tats.get((limit, key))
+        if bucket is None or tat is None or tat <= now:
+            return
+        self.tats[(limit, key)] = max(tat - bucket.emission, now)
+        self.spends.append(LimitSpend(at, limit, key, "refund"))
+
+    def remaining(self, limit: str, key: str) -> int | None:
+        if self.config is None or (bucket := self.config.bucket(limit)) is None:
+            return None
+        now = self.config.clock()
+        tat = max(now, self.tats.get((limit, key), now))
+        return int(max(0.0, now - (tat - bucket.period)) // bucket.emission + _EPSILON)
+
+    # -------------------------------------------------------- new-order
+
+    def _certificate_spends(self, identifiers: frozenset[str], renewal: bool) -> list[tuple[str, str]]:
+        """ra/ra.go countCertificateIssued: per registered domain (not for a renewal)
+        and per identifier set."""
+        spends: list[tuple[str, str]] = []
+        if not renewal:
+            domains = sorted({registered_domain(i) for i in identifiers})
+            spends += [(CERTIFICATES_PER_DOMAIN, d) for d in domains]
+        spends.append((CERTIFICATES_PER_FQDN_SET, ",".join(sorted(identifiers))))
+        return spends
+
+    def decide(
+        self, body: bytes | None, renewal_info: _RenewalInfo | None
+    ) -> _Verdict | None:
+        """Boulder's new-order checks; None when the emulator is off or the request is
+        no new-order it can read (Pebble answers that one)."""
+        config = self.config
+        if config is None:
+            return None
+        payload_raw = _jws_payload(body)
+        try:
+            payload = json.loads(payload_raw) if payload_raw else None
+        except ValueError:
+            payload = None
+        identifiers = frozenset(_new_order_identifiers(body))
+        account = str(_jws_protected(body).get("kid") or "")
+        if not isinstance(payload, dict) or not identifiers:
+            return None
+        replaces = payload.get("replaces")
+        replaces = str(replaces) if replaces else None
+        now, at = config.clock(), time.time()
+
+        in_window = renewal_info is not None and (
+            renewal_info.start.timestamp() <= at < renewal_info.end.timestamp()
+        )
+        if replaces is not None and replaces in self.cert_ids and in_window:
+            kind = OrderKind.ARI_RENEWAL
+        elif identifiers in self.issued_sets:
+            kind = OrderKind.RENEWAL
+        else:
+            kind = OrderKind.NEW
+
+        wanted: list[tuple[str, str]] = []
+        if kind is not OrderKind.ARI_RENEWAL:
+            if kind is OrderKind.NEW:
+                wanted.append((NEW_ORDERS_PER_ACCOUNT, account))
+            wanted += [(FAILED_AUTHORIZATIONS, f"{account}:{i}") for i in sorted(identifiers)]
+            if kind is OrderKind.NEW:
+                wanted += [
+                    (CERTIFICATES_PER_DOMAIN, d)
+                    for d in sorted({registered_domain(i) for i in identifiers})
+                ]
+            wanted.append((CERTIFICATES_PER_FQDN_SET, ",".join(sorted(identifiers))))
+        checks = tuple(
+            self._check(limit, bucket, key, now)
+            for limit, key in wanted
+            if (bucket := config.bucket(limit)) is not None
+        )
+        denied = [c for c in checks if not c.allowed]
+        if denied:
+            # limiter.go stricter(): the longest wait, then the fewest remaining.
+            worst = max(denied, key=lambda c: (c.retry_in, -c.remaining))
+            bucket = config.bucket(worst.limit)
+            assert bucket is not None
+            wait = worst.retry_in * (1.0 + config.jitter * random.random())
+            retry_after = max(1, math.ceil(wait - _EPSILON))
+            decision = LimitDecision(
+                at=at,
+                account=account,
+                identifiers=identifiers,
+                kind=kind,
+                replaces=replaces,
+                allowed=False,
+                checks=checks,
+                limit=worst.limit,
+                key=worst.key,
+                retry_after=retry_after,
+                detail=_boulder_detail(worst.limit, bucket, worst.key, at + wait),
+            )
+            self.decisions.append(decision)
+            return _Verdict(decision, [])
+
+        spent: list[tuple[str, str]] = []
+        if kind is OrderKind.NEW and self._spend(NEW_ORDERS_PER_ACCOUNT, account, now, at, "new-order"):
+            spent.append((NEW_ORDERS_PER_ACCOUNT, account))
+        if config.certificates_spent_at is SpendAt.ORDER:
+            for limit, key in self._certificate_spends(identifiers, kind is not OrderKind.NEW):
+                if self._spend(limit, key, now, at, "new-order"):
+                    spent.append((limit, key))
+        decision = LimitDecision(
+            at=at,
+            account=account,
+            identifiers=identifiers,
+            kind=kind,
+            replaces=replaces,
+            allowed=True,
+            checks=checks,
+        )
+        self.decisions.append(decision)
+        return _Verdict(decision, spent)
+
+    def settle(self, verdict: _Verdict, created: bool) -> None:
+        """wfe2/wfe.go NewOrder: the limits spent for an order Pebble did not create
+        are refunded."""
+        if created or self.config is None:
+            return
+        now, at = self.config.clock(), time.time()
+        for limit, key in verdict.spent:
+            self._refund(limit, key, now, at)
+
+    # ----------------------------------------------------- what the CA did
+
+    def observe(
+        self,
+        endpoint: Endpoint,
+        request_body: bytes | None,
+        path: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        data: bytes,
+    ) -> None:
+        """Learn issuances and failed validations from Pebble's answers."""
+        if status not in (200, 201):
+            return
+        account = str(_jws_protected(request_body).get("kid") or "")
+        if endpoint is Endpoint.NEW_ORDER and status == 201:
+            order = _json_object(data)
+            authzs = [str(a) for a in order.get("authorizations") or []]
+            asked = [
+                _normalize_host(str(i.get("value")))
+                for i in order.get("identifiers") or []
+                if isinstance(i, dict)
+            ]
+            if len(authzs) == 1 and len(asked) == 1:
+                self.authz_identifiers.setdefault(_url_path(authzs[0]), asked[0])
+        elif endpoint in (Endpoint.ORDER, Endpoint.FINALIZE):
+            order = _json_object(data)
+            idents = frozenset(
+                _normalize_host(str(i.get("value")))
+                for i in order.get("identifiers") or []
+                if isinstance(i, dict) and "value" in i
+            )
+            if order.get("status") == "valid" and order.get("certificate") and idents:
+                self._issued(_url_path(str(order["certificate"])), idents)
+            elif order.get("status") == "invalid":
+                for authz in order.get("authorizations") or []:
+                    self._failed(_url_path(str(authz)), account)
+        elif endpoint is Endpoint.AUTHZ:
+            authz = _json_object(data)
+            identifier = authz.get("identifier")
+            if isinstance(identifier, dict) and "value" in identifier:
+                self.authz_identifiers[_url_path(path)] = _normalize_host(str(identifier["value"]))
+            if authz.get("status") == "invalid":
+                self._failed(_url_path(path), account)
+        elif endpoint is Endpoint.CHALLENGE:
+            if _json_object(data).get("status") == "invalid":
+                up = _link_up(headers)
+                if up is not None:
+                    self._failed(_url_path(up), account)
+        elif endpoint is Endpoint.CERT and status == 200:
+            try:
+                leaf = x509.load_pem_x509_certificate(data)
+                names = leaf.extensions.get_extension_for_class(
+                    x509.SubjectAlternativeName
+                ).value.get_values_for_type(x509.DNSName)
+                cert_id = ari_cert_id(leaf)
+            except (ValueError, x509.ExtensionNotFound):
+                return
+            named = frozenset(_normalize_host(n) for n in names)
+            self.cert_ids[cert_id] = named
+            self._issued(_url_path(path), named)
+
+    def _issued(self, cert_path: str, identifiers: frozenset[str]) -> None:
+        if cert_path in self.issued_paths:
+            return
+        self.issued_paths.add(cert_path)
+        renewal = identifiers in self.issued_sets
+        self.issued_sets.add(identifiers)
+        config = self.config
+        if config is None or config.certificates_spent_at is not SpendAt.ISSUANCE:
+            return
+        now, at = config.clock(), time.time()
+        for limit, key in self._certificate_spends(identifiers, renewal):
+            self._spend(limit, key, now, at, "issuance")
+
+    def _failed(self, authz_path: str, account: str) -> None:
+        identifier = self.authz_identifiers.get(authz_path)
+        if identifier is None or authz_path in self.failed_authz:
+            return
+        self.failed_authz.add(authz_path)
+        config = self.config
+        if config is None:
+            return
+        self._spend(
+            FAILED_AUTHORIZATIONS,
+            f"{account}:{identifier}",
+            config.clock(),
+            time.time(),
+            "failed-authorization",
+        )
+
+
 class _State:
     """Fault queues and counters, shared by all handler threads."""
 
@@ -300,6 +883,7 @@ class _State:
         self.renewal_info: _RenewalInfo | None = None
         self.renewal_info_requests: list[str] = []
         self.hooks: dict[Endpoint, list[ForwardedCallback]] = {}
+        self.limits = _Limits()
 
     def receive(self, endpoint: Endpoint) -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
@@ -382,12 +966,29 @@ class _Handler(BaseHTTPRequestHandler):
         if renewal_info is not None and endpoint is Endpoint.RENEWAL_INFO:
             self._answer_renewal_info(renewal_info)
             return
+        verdict = None
+        if endpoint is Endpoint.NEW_ORDER and self.command == "POST":
+            with state.lock:
+                verdict = state.limits.decide(body, renewal_info)
+            if verdict is not None and not verdict.decision.allowed:
+                logger.debug("new-order refused by the limits emulator: %s", verdict.decision)
+                self._answer_rate_limited(verdict.decision)
+                return
+        created = False
         try:
             response = self._forward(endpoint, body)
+            created = response[0] == 201
         except (OSError, http.client.HTTPException) as exc:
             logger.warning("%s %s: Pebble did not answer: %r", self.command, self.path, exc)
             self._send_plain(502, f"faultproxy: upstream error: {exc!r}\n")
             return
+        finally:
+            if verdict is not None:
+                with state.lock:
+                    state.limits.settle(verdict, created)
+        status, _, headers, data = response
+        with state.lock:
+            state.limits.observe(endpoint, body, self.path, status, headers, data)
         if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
             response = self._advertise_renewal_info(*response)
         hooks = state.hooks_for(endpoint)
@@ -579,6 +1180,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+
+    def _answer_rate_limited(self, decision: LimitDecision) -> None:
+        """A refusal as Boulder sends it (wfe2/wfe.go sendError, web/send_error.go):
+        429, an indented problem document, Retry-After, the help Link and a nonce."""
+        problem = {"type": RATE_LIMITED, "detail": decision.detail, "status": 429}
+        data = json.dumps(problem, indent=2, ensure_ascii=False).encode()
+        nonce = self.server.fresh_nonce()
+        self.send_response(429, "Too Many Requests")
+        self.send_header("Content-Type", "application/problem+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Retry-After", str(decision.retry_after))
+        self.send_header("Link", RATE_LIMITS_HELP_LINK)
+        if nonce is not None:
+            self.send_header("Replay-Nonce", nonce)
+        self.end_headers()
+        self.wfile.write(data)
 
     def _send_plain(self, status: int, text: str) -> None:
         data = text.encode()
@@ -794,6 +1412,49 @@ class FaultProxy:
         """The certIDs of the renewal-info requests answered with a window, in order."""
         with self._state.lock:
             return list(self._state.renewal_info_requests)
+
+    # ------------------------------------------------------------- rate limits
+
+    def emulate_limits(self, config: LimitsConfig | None) -> None:
+        """Enforce Let's Encrypt's limits on new orders from now on (None: stop).
+
+        Starts every bucket full and forgets earlier decisions and spends; what the
+        proxy saw issued (renewal exemptions, ARI certIDs) is kept. See the module
+        docstring for what is checked, spent and exempt."""
+        with self._state.lock:
+            self._state.limits.reset(config)
+
+    def limit_decisions(self) -> list[LimitDecision]:
+        """Every new-order decision since :meth:`emulate_limits`, oldest first."""
+        with self._state.lock:
+            return list(self._state.limits.decisions)
+
+    def limit_spends(self) -> list[LimitSpend]:
+        """Every token taken (and refunded) since :meth:`emulate_limits`, oldest first."""
+        with self._state.lock:
+            return list(self._state.limits.spends)
+
+    def limit_counts(self) -> collections.Counter[tuple[str, str, str]]:
+        """(limit, key, "allowed" | "refused") → how many new orders that bucket let
+        through or refused (a bucket refuses only when it decided the refusal)."""
+        counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        for decision in self.limit_decisions():
+            if not decision.allowed:
+                counts[(str(decision.limit), str(decision.key), "refused")] += 1
+                continue
+            for check in decision.checks:
+                counts[(check.limit, check.key, "allowed")] += 1
+        return counts
+
+    def limit_remaining(self, limit: str, key: str) -> int | None:
+        """Whole tokens in a bucket now (None when that limit is not emulated)."""
+        with self._state.lock:
+            return self._state.limits.remaining(limit, key)
+
+    def issued_cert_ids(self) -> dict[str, frozenset[str]]:
+        """RFC 9773 certID → identifiers of every certificate downloaded through the proxy."""
+        with self._state.lock:
+            return dict(self._state.limits.cert_ids)
 
     # ---------------------------------------------------------------- counters
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime
 import http.client
+import math
+import re
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +18,31 @@ import josepy
 import pytest
 import requests
 from acme import client, crypto_util, errors, messages
+from acme.client import _renewal_info_path_component
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from josepy import json_util
 from josepy.jwk import JWKEC
 
+from activities.acme_client import classify_acme_failure
 from certflow.dev import devstack
 from certflow.dev.devstack import PebbleStack
-from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, classify_path, start_fault_proxy
+from certflow.dev.faultproxy import (
+    CERTIFICATES_PER_DOMAIN,
+    NEW_ORDERS_PER_ACCOUNT,
+    Bucket,
+    Endpoint,
+    Fault,
+    FaultProxy,
+    LimitsConfig,
+    OrderKind,
+    ari_cert_id,
+    classify_path,
+    go_duration,
+    start_fault_proxy,
+)
+from certflow.errors import ErrorCode
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +349,266 @@ def test_stop_closes_kept_alive_connections(pebble: PebbleStack, pebble_dir: Pat
         session.close()
         conn.close()
         proxy.stop()
+
+
+# ------------------------------------------------------------ the limits emulator
+
+LIMITS_DOCS = "https://letsencrypt.org/docs/rate-limits/"
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+class FakeClock:
+    """The buckets' clock, advanced by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ReplacingOrder(messages.NewOrder):
+    """A new order naming the certificate it replaces (RFC 9773 §5)."""
+
+    replaces: str | None = json_util.field("replaces", omitempty=True)
+
+
+def _account(acme: Acme) -> str:
+    assert acme.client.net.account is not None
+    return str(acme.client.net.account.uri)
+
+
+BOGUS_IDENTIFIER = messages.IdentifierType("bogus")  # Pebble refuses this type (400)
+
+
+def _order(
+    acme: Acme,
+    host: str,
+    replaces: str | None = None,
+    typ: messages.IdentifierType = messages.IDENTIFIER_FQDN,
+) -> requests.Response:
+    """POST new-order; an error answer is returned, not raised."""
+    order = ReplacingOrder(
+        identifiers=[messages.Identifier(typ=typ, value=host)],
+        replaces=replaces,
+    )
+    try:
+        return acme.client.net.post(
+            acme.client.directory["newOrder"], order, new_nonce_url=acme.client.directory["newNonce"]
+        )
+    except messages.Error:
+        return acme.last("/order-plz")
+
+
+def _issue(acme: Acme, host: str) -> x509.Certificate:
+    """A full issuance for host through the proxy (Pebble accepts every challenge)."""
+    key_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    order = acme.client.new_order(crypto_util.make_csr(key_pem, [host]))
+    [authz] = order.authorizations
+    challenge = next(c for c in authz.body.challenges if c.chall.typ == "http-01")
+    acme.client.answer_challenge(challenge, challenge.response(acme.client.net.key))
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=15)
+    done = acme.client.poll_and_finalize(order, deadline)
+    assert done.fullchain_pem
+    return x509.load_pem_x509_certificate(done.fullchain_pem.encode())
+
+
+def test_go_duration_prints_periods_as_boulder() -> None:
+    assert [go_duration(s) for s in (20, 90, 3600, 168 * 3600, 1.5, 0.5, 0)] == [
+        "20s", "1m30s", "1h0m0s", "168h0m0s", "1.5s", "500ms", "0s",
+    ]
+    with pytest.raises(ValueError):
+        Bucket(0, period=1.0)
+    with pytest.raises(ValueError):
+        Bucket(1, period=0.0)
+
+
+def test_limits_refusal_is_boulders_answer(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    clock = FakeClock()
+    proxy.emulate_limits(LimitsConfig(new_orders=Bucket(2, period=20.0), clock=clock))
+    acme = _acme(pebble, proxy.directory_url)
+    account = _account(acme)
+    assert _order(acme, "one.example.com").status_code == 201
+    assert _order(acme, "two.example.com").status_code == 201
+    assert proxy.limit_remaining(NEW_ORDERS_PER_ACCOUNT, account) == 0
+
+    sent_at = time.time()
+    refused = _order(acme, "three.example.com")
+    assert refused.status_code == 429
+    assert refused.headers["Content-Type"] == "application/problem+json"
+    problem = refused.json()
+    assert set(problem) == {"type", "detail", "status"}
+    assert problem["type"] == "urn:ietf:params:acme:error:rateLimited"
+    assert problem["status"] == 429
+    detail = problem["detail"]
+    assert re.fullmatch(
+        rf"too many new orders \(2\) from this account in the last 20s, retry after ({STAMP}):"
+        rf" see {re.escape(LIMITS_DOCS)}#new-orders-per-account",
+        detail,
+    ), detail
+    # One token comes back every 20 s / 2 = 10 s; Boulder adds up to 3 % jitter.
+    retry_after = int(refused.headers["Retry-After"])
+    assert 10 <= retry_after <= math.ceil(10 * 1.03)
+    stamp = re.search(STAMP, detail)
+    assert stamp is not None
+    retry_at = datetime.datetime.strptime(stamp.group(0), "%Y-%m-%d %H:%M:%S UTC").replace(
+        tzinfo=datetime.timezone.utc
+    )
+    assert sent_at + 9 <= retry_at.timestamp() + 1 and retry_at.timestamp() <= time.time() + 11
+    assert refused.headers["Link"] == '<https://letsencrypt.org/docs/rate-limits>;rel="help"'
+    assert refused.headers["Replay-Nonce"]
+    assert proxy.forwarded(Endpoint.NEW_ORDER) == 2 and proxy.count(Endpoint.NEW_ORDER) == 3
+    assert proxy.new_orders_for("three.example.com") == 0
+
+    # certflow reads it as Let's Encrypt's: the account's limit, the wait it asked for.
+    err = classify_acme_failure(messages.Error.from_json(problem))
+    assert err.code is ErrorCode.ACME_RATE_LIMITED
+    assert (err.limit_scope, err.limit_name) == ("account", "NewOrdersPerAccount")
+
+    # The nonce it carried is good: the next request signs with it alone (acme drops
+    # the nonces of error answers, so hand it over).
+    acme.client.net._nonces.clear()
+    acme.client.net._add_nonce(refused)
+    nonces = proxy.count(Endpoint.NONCE)
+    clock.now += 10.0
+    assert _order(acme, "three.example.com").status_code == 201
+    assert proxy.count(Endpoint.NONCE) == nonces
+
+    decisions = proxy.limit_decisions()
+    assert [d.allowed for d in decisions] == [True, True, False, True]
+    denied = decisions[2]
+    assert (denied.limit, denied.key, denied.retry_after) == (
+        NEW_ORDERS_PER_ACCOUNT, account, retry_after,
+    )
+    assert denied.kind is OrderKind.NEW and denied.detail == detail
+    assert proxy.limit_counts()[(NEW_ORDERS_PER_ACCOUNT, account, "refused")] == 1
+    assert proxy.limit_counts()[(NEW_ORDERS_PER_ACCOUNT, account, "allowed")] == 3
+
+
+def test_limits_bucket_refills_after_the_scaled_period(
+    pebble: PebbleStack, proxy: FaultProxy
+) -> None:
+    clock = FakeClock()
+    proxy.emulate_limits(LimitsConfig(new_orders=Bucket(3, period=30.0), clock=clock))
+    acme = _acme(pebble, proxy.directory_url)
+    account = _account(acme)
+
+    def burst() -> list[int]:
+        return [_order(acme, f"refill{i}.example.com").status_code for i in range(4)]
+
+    assert burst() == [201, 201, 201, 429]
+    clock.now += 9.9  # a token every 10 s: not yet
+    assert _order(acme, "early.example.com").status_code == 429
+    clock.now += 0.1
+    assert [_order(acme, f"trickle{i}.example.com").status_code for i in range(2)] == [201, 429]
+    clock.now += 30.0  # a whole period: full again, no more
+    assert proxy.limit_remaining(NEW_ORDERS_PER_ACCOUNT, account) == 3
+    assert burst() == [201, 201, 201, 429]
+    # Refunded when Pebble does not create the order (it refuses this name).
+    clock.now += 30.0
+    assert _order(acme, "bogus.example.com", typ=BOGUS_IDENTIFIER).status_code == 400
+    assert proxy.limit_remaining(NEW_ORDERS_PER_ACCOUNT, account) == 3
+    assert [s.cause for s in proxy.limit_spends()][-2:] == ["new-order", "refund"]
+
+    # On the real clock too: a client that waits the Retry-After gets through.
+    proxy.emulate_limits(LimitsConfig(new_orders=Bucket(1, period=1.0)))
+    assert _order(acme, "real1.example.com").status_code == 201
+    refused = _order(acme, "real2.example.com")
+    assert refused.status_code == 429
+    time.sleep(int(refused.headers["Retry-After"]))
+    assert _order(acme, "real2.example.com").status_code == 201
+
+
+def test_limits_certificates_per_domain_and_the_renewal_exemption(
+    pebble: PebbleStack, proxy: FaultProxy
+) -> None:
+    proxy.emulate_limits(
+        LimitsConfig(new_orders=Bucket(3, period=3600.0), per_domain=Bucket(1, period=3600.0))
+    )
+    acme = _acme(pebble, proxy.directory_url)
+    account = _account(acme)
+
+    # Boulder only checks CertificatesPerDomain at new-order: an order placed before
+    # the first certificate is issued passes too.
+    leaf = _issue(acme, "a.example.com")
+    spends = [(s.limit, s.key, s.cause) for s in proxy.limit_spends()]
+    assert spends == [
+        (NEW_ORDERS_PER_ACCOUNT, account, "new-order"),
+        (CERTIFICATES_PER_DOMAIN, "example.com", "issuance"),
+    ]
+    assert proxy.issued_cert_ids() == {
+        str(_renewal_info_path_component(leaf)): frozenset({"a.example.com"})
+    }
+
+    refused = _order(acme, "b.example.com")
+    assert refused.status_code == 429
+    assert re.fullmatch(
+        rf'too many certificates \(1\) already issued for "example\.com" in the last 1h0m0s,'
+        rf" retry after {STAMP}: see {re.escape(LIMITS_DOCS)}#new-certificates-per-registered-domain",
+        refused.json()["detail"],
+    ), refused.json()["detail"]
+    assert 3600 * 0.999 <= int(refused.headers["Retry-After"]) <= math.ceil(3600 * 1.03)
+    err = classify_acme_failure(messages.Error.from_json(refused.json()))
+    assert (err.limit_scope, err.limit_name) == ("registered_domain", "CertificatesPerDomain")
+    # Another registered domain is not held back.
+    assert _order(acme, "c.example.net").status_code == 201
+    assert proxy.limit_remaining(NEW_ORDERS_PER_ACCOUNT, account) == 1
+
+    # The issued set again is a renewal: exempt from the per-domain and per-account limits.
+    assert _order(acme, "a.example.com").status_code == 201
+    assert _order(acme, "A.Example.COM").status_code == 201
+    assert proxy.limit_remaining(NEW_ORDERS_PER_ACCOUNT, account) == 1
+    renewal = proxy.limit_decisions()[-1]
+    assert renewal.allowed and renewal.kind is OrderKind.RENEWAL
+    assert {c.limit for c in renewal.checks} == set()  # only the limits that are off remain
+    decisions = [(d.identifiers, d.kind, d.allowed, d.limit) for d in proxy.limit_decisions()]
+    assert decisions == [
+        (frozenset({"a.example.com"}), OrderKind.NEW, True, None),
+        (frozenset({"b.example.com"}), OrderKind.NEW, False, CERTIFICATES_PER_DOMAIN),
+        (frozenset({"c.example.net"}), OrderKind.NEW, True, None),
+        (frozenset({"a.example.com"}), OrderKind.RENEWAL, True, None),
+        (frozenset({"a.example.com"}), OrderKind.RENEWAL, True, None),
+    ]
+
+
+def test_limits_ari_renewal_is_exempt_from_every_limit(
+    pebble: PebbleStack, proxy: FaultProxy
+) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    proxy.serve_renewal_info(now + datetime.timedelta(hours=1), now + datetime.timedelta(hours=2))
+    proxy.emulate_limits(
+        LimitsConfig(new_orders=Bucket(1, period=3600.0), per_identifier_set=Bucket(1, period=3600.0))
+    )
+    acme = _acme(pebble, proxy.directory_url)
+    host = "ari.example.com"
+    leaf = _issue(acme, host)
+    cert_id = str(_renewal_info_path_component(leaf))
+    assert ari_cert_id(leaf) == cert_id
+
+    # A renewal without replaces still counts against the exact-set limit.
+    refused = _order(acme, host)
+    assert refused.status_code == 429
+    assert re.fullmatch(
+        r"too many certificates \(1\) already issued for this exact set of identifiers in the last"
+        rf" 1h0m0s, retry after {STAMP}: see {re.escape(LIMITS_DOCS)}"
+        r"#new-certificates-per-exact-set-of-identifiers",
+        refused.json()["detail"],
+    )
+    # replaces outside the ARI window the CA serves: no exemption either.
+    assert _order(acme, host, replaces=cert_id).status_code == 429
+    assert proxy.limit_decisions()[-1].kind is OrderKind.RENEWAL
+
+    proxy.serve_renewal_info(now - datetime.timedelta(hours=1), now + datetime.timedelta(hours=1))
+    answer = _order(acme, host, replaces=cert_id)
+    assert answer.status_code == 201
+    ari = proxy.limit_decisions()[-1]
+    assert (ari.kind, ari.allowed, ari.checks, ari.replaces) == (
+        OrderKind.ARI_RENEWAL, True, (), cert_id,
+    )
+    # A certificate the proxy never saw issued buys nothing.
+    assert _order(acme, host, replaces="AAAA.AAAA").status_code == 429
+    # New orders per account are exempt for the ARI renewal too (its token stayed spent).
+    assert _order(acme, "other.example.com").status_code == 429
+    assert proxy.limit_decisions()[-1].limit == NEW_ORDERS_PER_ACCOUNT
