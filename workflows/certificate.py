@@ -213,6 +213,9 @@ class CertificateWorkflow:
                     "challenge_url": None,
                     "not_before": issued.not_before,
                     "expires_at": issued.not_after,
+                    "serial": issued.serial_hex,
+                    "ari_window_start": None,  # the new certificate's is the sweep's to find
+                    "ari_window_end": None,
                 }
             ))
             self._enter(Phase.ISSUED)

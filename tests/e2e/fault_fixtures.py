@@ -394,6 +394,7 @@ async def wait_for(
     predicate: Callable[[CertificateState], bool],
     timeout: float = 60.0,
     *,
+    what: str = "the condition",
     seen: list[CertificateState] | None = None,
     poll: float = 0.05,
 ) -> CertificateState:
@@ -408,7 +409,7 @@ async def wait_for(
             if predicate(report):
                 return report
         if time.monotonic() > deadline:
-            raise AssertionError(f"{hostname}: condition not reached in {timeout}s; last {report}")
+            raise AssertionError(f"{hostname}: {what} not reached in {timeout:g}s; last {report}")
         await asyncio.sleep(poll)
 
 

@@ -79,6 +79,7 @@ from certflow.dev.realdns import RealDns
 from certflow.errors import ErrorCode
 from certflow.models import CertificateState, CertificateStatus, Phase
 from certflow.settings import ClientSettings
+from tests.e2e.fault_fixtures import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -351,25 +352,6 @@ async def db(stack: DnsStack) -> AsyncIterator[asyncpg.Pool]:
 # ------------------------------------------------------------------------------ helpers
 
 
-async def wait_for(
-    client: CertflowClient,
-    hostname: str,
-    predicate: Callable[[CertificateState], bool],
-    what: str,
-    timeout: float = 60.0,
-) -> CertificateState:
-    """Poll ``status`` until predicate holds."""
-    deadline = time.monotonic() + timeout
-    report: CertificateState | None = None
-    while True:
-        report = await client.status(hostname)
-        if report is not None and predicate(report):
-            return report
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{hostname}: not {what} after {timeout:g}s; last {report}")
-        await asyncio.sleep(0.05)
-
-
 VERDICTS = (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA, ErrorCode.HTTP01_UNREACHABLE)
 
 
@@ -403,7 +385,7 @@ async def refused_at_dns(
             lambda r: r.error_code is ErrorCode.DNS_CAA
             or r.status is CertificateStatus.ACTIVE
             or stack.proxy.new_orders_for(hostname) > 0,
-            "DNS_CAA",
+            what="DNS_CAA",
         )
         show(case, report, stack)
         assert stack.proxy.new_orders_for(hostname) == 0, f"the CA got an order: {report}"
@@ -423,7 +405,7 @@ async def issued(stack: DnsStack, client: CertflowClient, hostname: str, case: s
     await client.request([hostname])
     # Ends early on a verdict that only a DNS edit would change.
     report = await wait_for(
-        client, hostname, lambda r: is_active(r) or r.error_code in VERDICTS, "ACTIVE"
+        client, hostname, lambda r: is_active(r) or r.error_code in VERDICTS, what="ACTIVE"
     )
     show(case, report, stack)
     assert is_active(report), report
@@ -552,7 +534,7 @@ async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
             hostname,
             lambda r: r.error_code is ErrorCode.HTTP01_UNREACHABLE
             and r.phase == Phase.WAITING_FOR_HTTP01,
-            "HTTP01_UNREACHABLE and waiting",
+            what="HTTP01_UNREACHABLE and waiting",
         )
         show("case 6a", waiting, stack)
         assert waiting.status is CertificateStatus.PENDING and waiting.retry_count == 0
@@ -570,7 +552,7 @@ async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
         stack.dns.set_a(ROUTE, ["127.0.0.1"])
         retried_at = time.monotonic()
         await client.retry(hostname)
-        active = await wait_for(client, hostname, is_active, "ACTIVE after retry", timeout=60)
+        active = await wait_for(client, hostname, is_active, 60, what="ACTIVE after retry")
         took = time.monotonic() - retried_at
     finally:
         stack.dns.set_a(ROUTE, ["127.0.0.1"])
@@ -632,7 +614,7 @@ async def test_redirect_to_a_404_is_caught_before_the_ca(
         await client.request([hostname])
         try:
             waiting = await wait_for(
-                client, hostname, has_code(ErrorCode.HTTP01_UNREACHABLE), "HTTP01_UNREACHABLE"
+                client, hostname, has_code(ErrorCode.HTTP01_UNREACHABLE), what="HTTP01_UNREACHABLE"
             )
             show("case 6b", waiting, stack)
             _, challenge = await open_challenge(db, hostname)
@@ -672,7 +654,7 @@ async def test_without_the_self_check_the_ca_charges_a_failed_validation(
     await client.request([hostname])
     try:
         failed = await wait_for(
-            client, hostname, has_code(ErrorCode.ACME_INVALID_ORDER), "ACME_INVALID_ORDER"
+            client, hostname, has_code(ErrorCode.ACME_INVALID_ORDER), what="ACME_INVALID_ORDER"
         )
         show("case 6 without self-check", failed, stack)
         assert failed.retry_count == 1
