@@ -197,17 +197,40 @@ async def test_time_to_active_for_one_hostname(
 async def test_worker_killed_after_challenge_persisted_still_ends_active(
     deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
 ) -> None:
+    """SIGKILL the moment the challenge is committed (PROVISIONING), while the worker
+    fetches it for its self-check or asks the CA to validate: the restarted worker
+    carries on with the persisted order and the certificate ends ACTIVE with a key
+    that matches it, once. The kill is driven by the commit itself (a trigger of
+    this test's own notifies it), not by polling for it."""
     hostname = deployment.hostname("crash")
-    await client.request([hostname])
-    deadline = time.monotonic() + WAIT
-    while True:
-        status = await db.fetchval("SELECT status FROM certificates WHERE hostname = $1", hostname)
-        if status == "PROVISIONING":
-            break  # the challenge is persisted; nothing is stored yet
-        assert status in (None, "PENDING"), f"missed the window: {status}"
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.002)
-    deployment.worker.kill()
+    persisted = asyncio.Event()
+
+    def on_notify(_: object, __: int, channel: str, payload: str) -> None:
+        if payload == hostname:
+            persisted.set()
+
+    listener = await asyncpg.connect(deployment.database_url)
+    await listener.execute(
+        """
+        CREATE OR REPLACE FUNCTION test_notify_provisioning() RETURNS trigger AS $$
+        BEGIN
+            PERFORM pg_notify('test_provisioning', NEW.hostname::text);
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql;
+        DROP TRIGGER IF EXISTS test_notify_provisioning ON certificates;
+        CREATE TRIGGER test_notify_provisioning AFTER UPDATE OF status ON certificates
+            FOR EACH ROW WHEN (NEW.status = 'PROVISIONING' AND OLD.status <> 'PROVISIONING')
+            EXECUTE FUNCTION test_notify_provisioning();
+        """
+    )
+    await listener.add_listener("test_provisioning", on_notify)
+    try:
+        await client.request([hostname])
+        await asyncio.wait_for(persisted.wait(), WAIT)
+        deployment.worker.kill()
+    finally:
+        await listener.execute("DROP TRIGGER IF EXISTS test_notify_provisioning ON certificates")
+        await listener.close()
     assert await db.fetchval("SELECT ssl_certificate FROM certificates WHERE hostname = $1", hostname) is None
     deployment.worker.start()
 
