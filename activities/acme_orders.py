@@ -269,7 +269,7 @@ class AcmeActivities:
     async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
         """Open a new order for the hostname and pick its http-01 challenge.
 
-        Nothing is sent while the shared rate-limit cooldown runs.
+        Nothing is sent while a rate-limit cooldown that applies to it holds.
         """
         return await self._step(
             "create_order",
@@ -422,10 +422,11 @@ class AcmeActivities:
         the place-order patch call create_order and persist_challenge instead).
 
         An order an earlier try persisted (its result lost) is returned as it is,
-        never ordered again. Nothing is sent while the shared rate-limit cooldown runs.
+        never ordered again. Nothing is sent while a rate-limit cooldown that applies
+        to this order holds (SPEC §4: its scope, and the exemptions of renewals).
         """
         return await self._step(
-            "create_order",
+            "create_order",  # the original dashboard's phase label for this step
             self._place_order(input),
             span_attributes={"certificate.hostname": input.hostname},
         )
@@ -546,7 +547,7 @@ class AcmeActivities:
         """Finalize the order with a new key stored beforehand, download the chain,
         check it matches the key, and make it the current certificate."""
         return await self._step(
-            "issue_cert",
+            "issue_cert",  # the original dashboard's phase label for this step
             self._finalize_and_store(input),
             span_attributes={
                 "certificate.id": input.certificate_id,

@@ -1,8 +1,9 @@
 """The Certificate workflow: one per hostname, the certificate's whole lifecycle.
 
 PENDING → PROVISIONING → ACTIVE → (renewal time) RENEWING → ACTIVE → … until
-canceled or deleted. Each issuance ends with continue-as-new, so the history
-stays bounded however many years the certificate lives.
+canceled or deleted. Each issuance ends with continue-as-new, and so does every
+wait once its run's history is long: no run exceeds 1,000 events, however many
+years the certificate lives or waits.
 
 Every side effect is an activity; every decision is a pure function in
 :mod:`workflows.policy`. Waits are durable timers that signals and updates
@@ -435,9 +436,9 @@ class CertificateWorkflow:
         return delay
 
     async def _wait_for_cooldown(self, seconds: float) -> None:
-        """Sleep out a CA rate limit. "retry now" (which clearing the cooldown sends)
-        only makes the workflow look at the shared cooldown again: it never goes on
-        while one is in force."""
+        """Sleep out a CA rate limit. "retry now" (which clearing a cooldown sends)
+        only makes the workflow look at the cooldowns that apply to it again: it
+        never goes on while one is in force."""
         record = self._record
         while await self._sleep(seconds, interruptible=True):
             seconds = await run(POSTGRES, AcmeActivities.cooldown_remaining, record.hostname)
