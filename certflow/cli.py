@@ -26,6 +26,7 @@ from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase
 from certflow.rotation import rotate_keys
 from certflow.settings import ClientSettings, KeySettings, load_settings
+from certflow.tables import print_table
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -42,21 +43,6 @@ def _jsonable(value: Any) -> Any:
 
 def _print_json(value: Any) -> None:
     print(json.dumps(_jsonable(value), indent=2, default=str))
-
-
-def print_table(reports: Sequence[CertificateState | None], hostnames: Sequence[str]) -> None:
-    """HOSTNAME STATUS EXPIRES ERROR, one certificate a line."""
-    rows = [("HOSTNAME", "STATUS", "EXPIRES", "ERROR")]
-    for hostname, r in zip(hostnames, reports):
-        if r is None:
-            rows.append((hostname, "UNKNOWN", "", ""))
-        else:
-            expires = r.expires_at.strftime("%Y-%m-%d %H:%M UTC") if r.expires_at else ""
-            error = f"{r.error_code}: {r.error_message}" if r.error_code else ""
-            rows.append((r.hostname, str(r.status), expires, error))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for row in rows:
-        print("  ".join(col.ljust(w) for col, w in zip(row, widths)) + "  " + row[3])
 
 
 @asynccontextmanager

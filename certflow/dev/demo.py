@@ -40,8 +40,8 @@ def _port_free(port: int) -> bool:
 
 def run_demo(*, keep_running: bool = True) -> int:
     """Run the demo; returns the process exit code (0 when all three are ACTIVE)."""
-    from certflow.cli import print_table
     from certflow.client import CertflowClient
+    from certflow.tables import print_table
 
     workdir = Path(tempfile.mkdtemp(prefix="certflow-demo-"))
     stopping: list[object] = []
