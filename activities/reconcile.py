@@ -37,9 +37,30 @@ class _Pass:
         self.checked = 0
         self.started: list[str] = []
         self.refused: list[str] = []
+        self.started_count = 0
+        self.refused_count = 0
+
+    def add_started(self, hostname: str) -> None:
+        self.started_count += 1
+        if len(self.started) < ReconcileResult.LISTED:
+            self.started.append(hostname)
+        # Per start, not per page: a cold pass starts ~13 workflows a second, so a
+        # page of 500 takes longer than the heartbeat timeout.
+        activity.heartbeat(self.started_count)
+
+    def add_refused(self, hostname: str) -> None:
+        self.refused_count += 1
+        if len(self.refused) < ReconcileResult.LISTED:
+            self.refused.append(hostname)
 
     def result(self) -> ReconcileResult:
-        return ReconcileResult(checked=self.checked, started=self.started, refused=self.refused)
+        return ReconcileResult(
+            checked=self.checked,
+            started=self.started,
+            refused=self.refused,
+            started_count=self.started_count,
+            refused_count=self.refused_count,
+        )
 
 START_CONCURRENCY = 16
 # Workflows that ended (for good: not continued-as-new) may need starting again.
@@ -121,7 +142,7 @@ class ReconcileActivities:
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                     id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
                 )
-            result.started.append(hostname)
+            result.add_started(hostname)
 
         await asyncio.gather(*(one(r) for r in rows))
 
@@ -132,7 +153,7 @@ class ReconcileActivities:
             hostname = normalize_hostname(row.hostname)
         except InvalidHostnameError as err:
             await certificates.refuse_hostname(self._pool, row.certificate_id, str(err))
-            result.refused.append(row.hostname)
+            result.add_refused(row.hostname)
             return None
         if hostname != row.hostname and not await certificates.rename(
             self._pool, row.certificate_id, hostname
@@ -142,15 +163,15 @@ class ReconcileActivities:
                 row.certificate_id,
                 f"{row.hostname!r} is {hostname}, which another row already has",
             )
-            result.refused.append(row.hostname)
+            result.add_refused(row.hostname)
             return None
         return hostname
 
     def _logged(self, result: _Pass) -> ReconcileResult:
-        if result.started or result.refused:
+        if result.started_count or result.refused_count:
             activity.logger.info(
                 "reconcile started %d workflows, refused %d rows",
-                len(result.started),
-                len(result.refused),
+                result.started_count,
+                result.refused_count,
             )
         return result.result()

@@ -191,11 +191,15 @@ async def reconcile(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return 0
-    print(f"checked {result.checked} certificates; started {len(result.started)} workflows")
+    print(f"checked {result.checked} certificates; started {result.total_started} workflows")
     for hostname in result.started:
         print(f"  started {hostname}")
+    if result.total_started > len(result.started):
+        print(f"  … and {result.total_started - len(result.started)} more")
     for hostname in result.refused:
         print(f"  refused {hostname!r}: not a valid hostname (CANCELED, INVALID_HOSTNAME)")
+    if result.total_refused > len(result.refused):
+        print(f"  … and {result.total_refused - len(result.refused)} more refused")
     return 0
 
 

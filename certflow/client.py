@@ -35,7 +35,7 @@ from certflow.contract import (
     workflow_id_for,
 )
 from certflow.db import create_pool
-from certflow.hostnames import normalize_hostname, registered_domain
+from certflow.hostnames import InvalidHostnameError, normalize_hostname, registered_domain
 from certflow.models import (
     CertificateEvent,
     CertificateInput,
@@ -206,7 +206,10 @@ class CertflowClient:
         chosen = _limit_scope(scope, key)
         if chosen is not None and key is not None:
             if chosen is not LimitScope.ACCOUNT:
-                key = normalize_hostname(key)
+                try:
+                    key = normalize_hostname(key)
+                except InvalidHostnameError as err:
+                    raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}: {err}") from None
             held = [
                 c
                 for c in await cooldown.active_cooldowns(self.pool)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -397,8 +397,24 @@ class ReconcileResult(Frozen):
 
     checked: int
     started: list[str]
+    """The hostnames started (the first ``LISTED`` of them: a cold pass over
+    100,000 rows would not fit in one Temporal payload)."""
     refused: list[str] = []
-    """Rows whose hostname is not valid: CANCELED with INVALID_HOSTNAME, never started."""
+    """Rows whose hostname is not valid: CANCELED with INVALID_HOSTNAME, never
+    started (the first ``LISTED``)."""
+    started_count: int | None = None
+    """How many were started; None in results recorded before the lists were capped."""
+    refused_count: int | None = None
+
+    LISTED: ClassVar[int] = 100
+
+    @property
+    def total_started(self) -> int:
+        return len(self.started) if self.started_count is None else self.started_count
+
+    @property
+    def total_refused(self) -> int:
+        return len(self.refused) if self.refused_count is None else self.refused_count
 
 
 class WebhookEvent(Frozen):

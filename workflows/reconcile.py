@@ -25,7 +25,9 @@ class ReconcileWorkflow:
         result: ReconcileResult = await workflow.execute_activity_method(
             ReconcileActivities.reconcile_certificates,
             input,
-            start_to_close_timeout=timedelta(minutes=10),
+            # A cold pass over 100,000 rows starts workflows for about two hours;
+            # the heartbeat (one per start) is what detects a lost worker.
+            start_to_close_timeout=timedelta(hours=4),
             heartbeat_timeout=timedelta(seconds=30),
             retry_policy=RetryPolicy(maximum_attempts=3),
         )

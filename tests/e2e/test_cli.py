@@ -8,13 +8,16 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from certflow import cooldown
 from certflow.dev import devstack
+from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment
 
 pytestmark = pytest.mark.e2e
@@ -138,3 +141,54 @@ async def test_a_profile_the_ca_does_not_offer_stops_the_worker(
         assert await conn.fetchval("SELECT count(*) FROM acme_accounts") == 0
     finally:
         await conn.close()
+
+
+async def test_cooldown_clear_by_scope_and_key(deployment: Deployment, db: asyncpg.Pool) -> None:
+    """`cooldown` shows each cooldown with its scope, key, limit, until and detail;
+    `--clear --scope S --key K` ends that one only; an unknown scope, a key with no
+    cooldown, or a key that is no hostname exits 1 with one line and changes
+    nothing. The cooldowns are planted for a directory no worker uses."""
+    directory = f"https://ca-{uuid.uuid4().hex[:8]}.invalid/dir"
+    domain = f"d{uuid.uuid4().hex[:8]}.test"
+    for scope, key, limit in (
+        (LimitScope.REGISTERED_DOMAIN, domain, "CertificatesPerDomain"),
+        (LimitScope.HOSTNAME, f"shop.{domain}", "CertificatesPerFQDNSet"),
+    ):
+        await cooldown.extend_cooldown(
+            db, directory, scope, key, limit, 600, "urn:ietf:params:acme:error:rateLimited", f"{limit} detail"
+        )
+
+    async def planted() -> list[tuple[str, str]]:
+        return sorted(
+            (c.scope.value, c.scope_key)
+            for c in await cooldown.active_cooldowns(db)
+            if c.directory_url == directory
+        )
+
+    before = await planted()
+    assert before == [("hostname", f"shop.{domain}"), ("registered_domain", domain)]
+    env = _client_env(deployment)
+    for args in (
+        ["--scope", "tenant"],
+        ["--scope", "hostname", "--key", f"other.{domain}"],
+        ["--scope", "hostname", "--key", "bad_name.test"],
+        ["--key", domain],
+    ):
+        result = _run(["starter.py", "cooldown", "--clear", *args], env)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("certflow: ")
+        assert await planted() == before, args
+
+    shown = _run(["starter.py", "cooldown", "--json"], env)
+    assert shown.returncode == 0, shown.stderr
+    mine = [c for c in json.loads(shown.stdout) if c["directory_url"] == directory]
+    assert {(c["scope"], c["scope_key"], c["limit_name"]) for c in mine} == {
+        ("registered_domain", domain, "CertificatesPerDomain"),
+        ("hostname", f"shop.{domain}", "CertificatesPerFQDNSet"),
+    }
+    assert all(c["until"] and c["detail"].endswith("detail") for c in mine)
+
+    result = _run(["starter.py", "cooldown", "--clear", "--scope", "registered_domain", "--key", domain], env)
+    assert result.returncode == 0, result.stderr
+    assert await planted() == [("hostname", f"shop.{domain}")]
+    await cooldown.clear_cooldowns(db, LimitScope.HOSTNAME, f"shop.{domain}")
