@@ -34,7 +34,7 @@ from activities.acme_client import (
 )
 from activities.acme_problems import UNKNOWN_LIMIT, challenge_failure, problem_suffix
 from activities.pacing import PollPacer
-from activities.renewal_info import fetch_renewal_info, renewal_info_url
+from activities.renewal_info import fetch_renewal_info, next_check, renewal_info_url
 from certflow import accounts, certificates, cooldown
 from certflow.hostnames import registered_domain
 from certflow.order_slots import NoOrderSlotError, order_slot
@@ -77,6 +77,7 @@ FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
 REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
+FIRST_RENEWAL_INFO_TIMEOUT = 5.0  # inside finalize's 10 s heartbeat timeout
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
 MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # SPEC §4: a longer Retry-After is capped
 ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
@@ -109,9 +110,13 @@ def _scope_key(scope: LimitScope, hostname: str) -> str:
     return ""
 
 
-def _issued(info: CertificateInfo) -> IssuedCertificate:
+def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
     return IssuedCertificate(
-        serial_hex=info.serial_hex, not_before=info.not_before, not_after=info.not_after
+        serial_hex=info.serial_hex,
+        not_before=info.not_before,
+        not_after=info.not_after,
+        ari_window_start=window.window_start,
+        ari_window_end=window.window_end,
     )
 
 
@@ -556,11 +561,12 @@ class AcmeActivities:
         )
 
     async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
-        stored_leaf = await certificates.issued_by_order(
+        stored = await certificates.issued_by_order(
             self._pool, input.certificate_id, input.order_url
         )
-        if stored_leaf is not None:
-            return _issued(certificate_info(stored_leaf))  # an earlier attempt committed
+        if stored is not None:  # an earlier attempt committed
+            stored_leaf, stored_window = stored
+            return _issued(certificate_info(stored_leaf), stored_window)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
         encrypted = await certificates.load_pending_key(
@@ -606,14 +612,35 @@ class AcmeActivities:
                 message="the issued certificate does not match the stored key",
             )
         info = certificate_info(leaf)
+        window = await self._first_renewal_info(leaf)
         if not await certificates.store_issued(
-            self._pool, input.certificate_id, input.order_url, leaf, chain, info
+            self._pool,
+            input.certificate_id,
+            input.order_url,
+            leaf,
+            chain,
+            info,
+            window,
+            next_check(window) if window.window_start is not None else None,
         ):
             raise AcmeProblemError(
                 code=ErrorCode.ACME_INVALID_ORDER,
                 message="the certificate row moved on before the certificate could be stored",
             )
-        return _issued(info)
+        return _issued(info, window)
+
+    async def _first_renewal_info(self, leaf_pem: str) -> RenewalAdvice:
+        """The new certificate's ARI window, asked once before it is stored (best
+        effort, short): the workflow then sleeps straight to it, and the sweep's first
+        look finds nothing moved — no signal, no extra workflow task per renewal."""
+        base_url = self._clients.account.directory_json.get("renewalInfo")
+        url = renewal_info_url(str(base_url), leaf_pem) if base_url else None
+        if url is None:
+            return RenewalAdvice()
+        activity.heartbeat()
+        return await fetch_renewal_info(
+            self._clients, self._executor, url, timeout=FIRST_RENEWAL_INFO_TIMEOUT
+        )
 
     def _decrypt_key(self, encrypted: bytes) -> Any:
         try:

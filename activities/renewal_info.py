@@ -48,7 +48,7 @@ def renewal_info_url(base_url: str, leaf_pem: str) -> str | None:
 
 
 async def fetch_renewal_info(
-    clients: AcmeClients, executor: ThreadPoolExecutor, url: str
+    clients: AcmeClients, executor: ThreadPoolExecutor, url: str, timeout: float = 15.0
 ) -> RenewalAdvice:
     """The CA's suggested window. Failures (503 + Retry-After included) only ask to
     check again later; they never fail anything."""
@@ -56,7 +56,7 @@ async def fetch_renewal_info(
     def get() -> requests.Response:
         # A plain GET (RFC 9773 §4.1); an error status is an answer, not a failure.
         with clients.borrow() as client:
-            return client.net.session.get(url, verify=clients.account.verify, timeout=15)
+            return client.net.session.get(url, verify=clients.account.verify, timeout=timeout)
 
     try:
         response = await asyncio.get_running_loop().run_in_executor(executor, get)
@@ -121,7 +121,7 @@ class RenewalInfoSweep:
             await certificates.record_renewal_info(
                 self._pool,
                 [
-                    (row.certificate_id, row.serial, a.window_start, a.window_end, _next_check(a))
+                    (row.certificate_id, row.serial, a.window_start, a.window_end, next_check(a))
                     for row, a in answers
                 ],
             )
@@ -145,7 +145,8 @@ class RenewalInfoSweep:
             activity.logger.info("no workflow to tell of %s's new window: %s", row.hostname, err)
 
 
-def _next_check(advice: RenewalAdvice) -> datetime:
+def next_check(advice: RenewalAdvice) -> datetime:
+    """When to ask about this certificate again: the answer's Retry-After, bounded."""
     seconds = min(max(advice.recheck_after_seconds or ARI_DEFAULT_RECHECK, MIN_RECHECK), MAX_RECHECK)
     return datetime.now(timezone.utc) + timedelta(seconds=seconds)
 

@@ -20,6 +20,7 @@ from certflow.models import (
     OpenedOrder,
     OrderKind,
     Outcome,
+    RenewalAdvice,
 )
 
 _RECORD_COLUMNS = """
@@ -151,19 +152,25 @@ async def store_issued(
     leaf_pem: str,
     chain_pem: str,
     info: CertificateInfo,
+    window: RenewalAdvice | None = None,
+    next_check_at: datetime | None = None,
 ) -> bool:
     """Make the order's certificate current: ACTIVE, budget reset, ACME state cleared.
 
-    The key is the one already stored for the order. Returns True also when a
-    previous attempt of the same store already committed.
+    The key is the one already stored for the order; ``window`` is the CA's first
+    ARI answer for the new certificate and ``next_check_at`` when to ask again
+    (without them the renewal-info sweep asks at its next pass). Returns True also
+    when a previous attempt of the same store already committed.
     """
+    window = window or RenewalAdvice()
     async with pool.acquire() as conn:
         stored = await conn.fetchval(
             """
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
-                ari_window_start = NULL, ari_window_end = NULL, ari_next_check_at = now(),
+                ari_window_start = $8, ari_window_end = $9,
+                ari_next_check_at = coalesce($10, now()),
                 ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
                 ssl_retry_count = 0, ssl_last_attempt_at = NULL,
                 provisioning_error = NULL, provisioning_error_message = NULL,
@@ -182,6 +189,9 @@ async def store_issued(
             info.serial_hex,
             info.not_before,
             info.not_after,
+            window.window_start,
+            window.window_end,
+            next_check_at,
         )
         if stored:
             return True
@@ -193,15 +203,21 @@ async def store_issued(
         return bool(already)
 
 
-async def issued_by_order(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> str | None:
-    """The current leaf PEM when this order already issued and stored it (a retried store)."""
-    value = await pool.fetchval(
-        "SELECT ssl_certificate FROM certificates"
+async def issued_by_order(
+    pool: asyncpg.Pool, certificate_id: str, order_url: str
+) -> tuple[str, RenewalAdvice] | None:
+    """The current leaf PEM and its stored ARI window when this order already issued
+    and stored it (a retried store)."""
+    row = await pool.fetchrow(
+        "SELECT ssl_certificate, ari_window_start, ari_window_end FROM certificates"
         " WHERE id = $1::uuid AND ssl_order_url = $2 AND http_order_url IS NULL",
         certificate_id,
         order_url,
     )
-    return str(value) if value is not None else None
+    if row is None or row["ssl_certificate"] is None:
+        return None
+    window = RenewalAdvice(window_start=row["ari_window_start"], window_end=row["ari_window_end"])
+    return str(row["ssl_certificate"]), window
 
 
 async def record_failure(

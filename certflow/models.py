@@ -90,6 +90,9 @@ class CertificateInput(Frozen):
     """Set by certflow itself on continue-as-new; never by a client."""
     waits: CarriedWaits | None = None
     """Set by certflow itself when a long wait continues as new; never by a client."""
+    policy: ProvisioningPolicy | None = None
+    """Set by certflow itself on the continue-as-new after an issuance: the new run
+    starts from ``carried`` and this policy without reading the row again."""
 
 
 class CarriedWaits(Frozen):
@@ -256,6 +259,10 @@ class IssuedCertificate(Frozen):
     serial_hex: str
     not_before: datetime
     not_after: datetime
+    ari_window_start: datetime | None = None
+    """The CA's first ARI window for it (asked right after the download), so the
+    next run sleeps to it without waiting for the renewal-info sweep's signal."""
+    ari_window_end: datetime | None = None
 
 
 class Outcome(Frozen):

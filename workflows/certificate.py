@@ -140,6 +140,13 @@ class CertificateWorkflow:
         self._warned_expiring = waits.warned_expiring
         self._dns_failures = waits.dns_failures
         self._window_moved = False
+        self._after_issuance = False
+        """This run follows an issuance: started by code that has every patch, and with
+        the search attributes of the carried row (continue-as-new copies them)."""
+        if input.carried is not None and input.policy is not None:
+            self._after_issuance = True
+            self._policy = input.policy
+            self._published = self._shown(input.carried)
 
     @property
     def _record(self) -> CertificateRecord:
@@ -159,13 +166,18 @@ class CertificateWorkflow:
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
-        ensured = await run(
-            POSTGRES,
-            RecordActivities.ensure_certificate,
-            EnsureCertificateInput(hostname=input.hostname, tenant_id=input.tenant_id),
-        )
-        self._set_record(ensured.record)
-        self._policy = policy = ensured.policy
+        if self._after_issuance:
+            # The run after an issuance starts from the row the last run stored: no
+            # read (no patch: no run recorded before this carried a policy).
+            policy = self._policy
+        else:
+            ensured = await run(
+                POSTGRES,
+                RecordActivities.ensure_certificate,
+                EnsureCertificateInput(hostname=input.hostname, tenant_id=input.tenant_id),
+            )
+            self._set_record(ensured.record)
+            self._policy = policy = ensured.policy
         while True:
             record = self._record
             if self._stop is not None:
@@ -215,8 +227,10 @@ class CertificateWorkflow:
                     "not_before": issued.not_before,
                     "expires_at": issued.not_after,
                     "serial": issued.serial_hex,
-                    "ari_window_start": None,  # the new certificate's is the sweep's to find
-                    "ari_window_end": None,
+                    # Asked by finalize_and_store; None when the CA had no answer (then
+                    # the sweep finds it and signals).
+                    "ari_window_start": issued.ari_window_start,
+                    "ari_window_end": issued.ari_window_end,
                 }
             ))
             self._enter(Phase.ISSUED)
@@ -225,7 +239,7 @@ class CertificateWorkflow:
             self._retry_requested = self._renew_requested = False
             await workflow.wait_condition(workflow.all_handlers_finished)
             if self._stop is None:
-                workflow.continue_as_new(self._next_run_input())
+                workflow.continue_as_new(self._next_run_input(after_issuance=True))
 
     async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
@@ -511,7 +525,7 @@ class CertificateWorkflow:
     async def _wait_for_renewal(self) -> bool:
         """Sleep until the renewal time, or renew/stop; True when it is time to renew
         (False: the history grew long, the next run goes on waiting)."""
-        if workflow.patched(RENEWAL_INFO_SWEEP_PATCH):
+        if self._after_issuance or workflow.patched(RENEWAL_INFO_SWEEP_PATCH):
             return await self._sleep_until_renewal()
         await self._ask_and_wait_for_renewal()
         return True
@@ -680,7 +694,7 @@ class CertificateWorkflow:
             ]
             if record.tenant_id:
                 updates.append(search.TENANT.value_set(record.tenant_id))
-            shown = (record.status, record.error_code, record.expires_at, record.tenant_id)
+            shown = self._shown(record)
             if shown != self._published:
                 self._published = shown
                 workflow.upsert_search_attributes(updates)
@@ -693,9 +707,17 @@ class CertificateWorkflow:
             details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
         workflow.set_current_details("\n\n".join(details))
 
-    def _next_run_input(self, *, carry_waits: bool = False) -> CertificateInput:
-        """After an issuance the next run starts afresh; in the middle of waiting it
-        carries what the waits need."""
+    @staticmethod
+    def _shown(record: CertificateRecord) -> tuple[object, ...]:
+        """What the search attributes show of a record."""
+        return (record.status, record.error_code, record.expires_at, record.tenant_id)
+
+    def _next_run_input(
+        self, *, carry_waits: bool = False, after_issuance: bool = False
+    ) -> CertificateInput:
+        """After an issuance the next run starts afresh from the row just stored
+        (carried with the policy: no read); in the middle of waiting it carries what
+        the waits need and reads the row again."""
         record = self._record
         waits = None
         if carry_waits:
@@ -705,7 +727,11 @@ class CertificateWorkflow:
                 ari_renewal=self._ari_renewal,
             )
         return CertificateInput(
-            hostname=record.hostname, tenant_id=record.tenant_id, carried=record, waits=waits
+            hostname=record.hostname,
+            tenant_id=record.tenant_id,
+            carried=record,
+            waits=waits,
+            policy=self._policy if after_issuance else None,
         )
 
     def _check_stop(self) -> None:

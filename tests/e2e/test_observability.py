@@ -278,6 +278,9 @@ async def test_search_attributes_find_the_right_workflows(
     expectations = {
         f'CertificateHostname="{issued}"': {issued_id},
         f'CertificateHostname="{issued}" AND CertificateStatus="ACTIVE"': {issued_id},
+        # The run after the issuance upserts nothing: continue-as-new carried them.
+        f'CertificateHostname="{issued}" AND CertificateStatus="ACTIVE"'
+        ' AND ExecutionStatus="Running"': {issued_id},
         f'CertificateHostname="{broken}" AND CertificateErrorCode="DNS_CNAME"': {broken_id},
         f'CertificateHostname="{broken}" AND CertificateStatus="PENDING"': {broken_id},
         f'TenantId="{tenant}"': {issued_id, broken_id},

@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -99,6 +100,9 @@ HAPPY_STEPS = [
 # What a run that starts on an ACTIVE row does before it waits for the renewal time.
 # (The renewal-info sweep asks the CA's ARI, not each certificate's workflow.)
 ACTIVE_RUN_STEPS = ["ensure_certificate"]
+# What the run after an issuance does before it waits: nothing (it starts from the
+# row the issuing run stored, carried over the continue-as-new).
+AFTER_ISSUANCE_STEPS: list[str] = []
 # An issuance or renewal from a clean row (no open order), after ensure/begin_renewal.
 ATTEMPT_STEPS = HAPPY_STEPS[1:]
 
@@ -252,6 +256,9 @@ class Fakes:
     row: Row = field(default_factory=Row)
     policy: ProvisioningPolicy = FAST_POLICY
     lifetime: timedelta = timedelta(days=90)
+    first_window: tuple[timedelta, timedelta] | None = None
+    """The ARI window finalize_and_store gets for a new certificate (offsets from
+    its notBefore); None: the CA had no answer."""
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     issued: list[IssuedCertificate] = field(default_factory=list)
@@ -401,8 +408,15 @@ class Fakes:
                     ErrorCode.ACME_INVALID_ORDER,
                     "the certificate row moved on before the certificate could be stored",
                 )
+            window = None
+            if self.first_window is not None:
+                window = (now + self.first_window[0], now + self.first_window[1])
             issued = IssuedCertificate(
-                serial_hex=f"{len(self.issued) + 1:04x}", not_before=now, not_after=now + self.lifetime
+                serial_hex=f"{len(self.issued) + 1:04x}",
+                not_before=now,
+                not_after=now + self.lifetime,
+                ari_window_start=window[0] if window else None,
+                ari_window_end=window[1] if window else None,
             )
             self.issued.append(issued)
             row.status = CertificateStatus.ACTIVE
@@ -410,7 +424,7 @@ class Fakes:
             row.not_before, row.expires_at = issued.not_before, issued.not_after
             row.retry_count = 0
             row.error_code = row.error_message = None
-            row.ari_window = None  # the new certificate's window is the sweep's to find
+            row.ari_window = window  # without one, the sweep's to find
             row.clear_order()
             return issued
 
@@ -632,16 +646,30 @@ class Run:
         if when > now:
             await self.env.sleep(when - now)
 
-    def in_renewal_wait(self, serial_count: int | None = None) -> bool:
-        """From the fakes alone: the row is ACTIVE and the current run's last step
-        read it (so it is on the renewal timer; runs from before the renewal-info
-        sweep asked the CA when to renew last)."""
+    async def in_renewal_wait(self, serial_count: int | None = None) -> bool:
+        """The row is ACTIVE and the current run is on its renewal timer: its last
+        step read the row (runs from before the renewal-info sweep asked the CA when
+        to renew last), or — the run after an issuance, which reads nothing — the
+        latest run has started a timer and scheduled no activity."""
         names = self.fakes.names()
+        if self.fakes.row.status is not CertificateStatus.ACTIVE or not names:
+            return False
+        if serial_count is not None and len(self.fakes.issued) != serial_count:
+            return False
+        if names[-1] in ("ensure_certificate", "load_certificate", "renewal_info"):
+            return True
+        if names[-1] != "finalize_and_store":
+            return False
+        latest = await self.env.client.get_workflow_handle(self.handle.id).describe()
+        if latest.status is not WorkflowExecutionStatus.RUNNING:
+            return False
+        history = await self.env.client.get_workflow_handle(
+            self.handle.id, run_id=latest.run_id
+        ).fetch_history()
+        kinds = {event.event_type for event in history.events}
         return (
-            self.fakes.row.status is CertificateStatus.ACTIVE
-            and bool(names)
-            and names[-1] in ("ensure_certificate", "load_certificate", "renewal_info")
-            and (serial_count is None or len(self.fakes.issued) == serial_count)
+            EventType.EVENT_TYPE_TIMER_STARTED in kinds
+            and EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds
         )
 
     async def until_active(
@@ -661,7 +689,7 @@ class Run:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not self.in_renewal_wait(serial_count):
+        while not await self.in_renewal_wait(serial_count):
             if loop.time() >= deadline:
                 pytest.fail(
                     f"never reached the renewal wait; row {self.fakes.row!r}; "

@@ -20,6 +20,8 @@ from certflow.models import CertificateStatus, OrderKind, RenewalWindow
 from .fakes import (
     renewal_at,
     ACTIVE_RUN_STEPS,
+    AFTER_ISSUANCE_STEPS,
+    HAPPY_STEPS,
     ATTEMPT_STEPS,
     CERT_ID,
     DEFAULT,
@@ -73,7 +75,7 @@ async def test_renews_when_the_rule_says(
             *ACTIVE_RUN_STEPS,
             "begin_renewal",
             *ATTEMPT_STEPS,
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         assert "record_failure" not in fakes.names()
         await run.cancel()
@@ -113,6 +115,34 @@ async def test_renews_inside_the_ari_window(workflow_env: WorkflowEnvironment) -
         (issued,) = fakes.issued
         assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after)
         assert "renewal_info" not in fakes.names()
+        await run.cancel()
+
+
+async def test_the_window_asked_at_issuance_is_slept_to_without_a_signal(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """finalize_and_store asks the CA's ARI for the new certificate; the run after the
+    issuance sleeps straight into that window, reading nothing and waiting for no
+    signal (the steady bill: no activity, no signal per renewal cycle).
+
+    Fails with the issued window dropped in the workflow (the 1/3 rule is planned
+    instead) or with the next run reading the row again (ensure_certificate called).
+    """
+    fakes = Fakes(workflow_env, first_window=(timedelta(days=50), timedelta(days=52)))
+    async with started(workflow_env, fakes) as run:
+        state = await run.until_active(serial_count=1)
+        (issued,) = fakes.issued
+        assert issued.ari_window_start and issued.ari_window_end
+        window = (issued.ari_window_start, issued.ari_window_end)
+        assert state.next_attempt_at == renewal_at(issued.not_before, issued.not_after, window)
+        assert window[0] <= state.next_attempt_at <= window[1]
+        assert state.next_attempt_at != renewal_at(issued.not_before, issued.not_after)
+        assert fakes.names() == HAPPY_STEPS
+
+        await run.sleep_until(window[1] + timedelta(hours=1))
+        (placed,) = fakes.of("place_order")[1:]
+        assert placed.arg.kind is OrderKind.ARI_RENEWAL  # the stored window counts
+        await run.until_active(serial_count=2)
         await run.cancel()
 
 
@@ -197,7 +227,8 @@ async def test_three_renewal_cycles_each_continue_as_new(
         print(f"{lifetime.days}-day certificate: history lengths of the runs {lengths}")
         assert all(n < 100 for n in lengths), lengths
         assert lengths[-1] < 30, lengths  # the latest run only waits for the renewal time
-        assert len(fakes.of("ensure_certificate")) == 4  # one per run
+        # The first run reads the row; each run after an issuance starts from it.
+        assert len(fakes.of("ensure_certificate")) == 1
         await run.cancel()
 
 

@@ -25,7 +25,7 @@ from certflow.models import (
 )
 
 from .fakes import (
-    ACTIVE_RUN_STEPS,
+    AFTER_ISSUANCE_STEPS,
     DEFAULT,
     active_row,
     ATTEMPT_STEPS,
@@ -222,7 +222,7 @@ async def test_failed_is_retried_daily(workflow_env: WorkflowEnvironment) -> Non
         state = await run.until_active()
         # A fresh budget and a fresh order (FAILED dropped the old one).
         reopened_at = fakes.names().index("reopen_failed")
-        assert fakes.names()[reopened_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        assert fakes.names()[reopened_at + 1 :] == [*ATTEMPT_STEPS, *AFTER_ISSUANCE_STEPS]
         assert fakes.of("finalize_and_store")[-1].arg.order_url == order(2).order_url
         assert state.retry_count == 0 and state.error_code is None
         assert state.expires_at == fakes.issued[0].not_after
@@ -243,7 +243,7 @@ async def test_failed_without_slow_retry_waits_for_retry(workflow_env: WorkflowE
         await run.handle.signal("retry")
         state = await run.until_active()
         reopened_at = fakes.names().index("reopen_failed")
-        assert fakes.names()[reopened_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        assert fakes.names()[reopened_at + 1 :] == [*ATTEMPT_STEPS, *AFTER_ISSUANCE_STEPS]
         assert state.retry_count == 0 and state.error_code is None
         await run.cancel()
 
@@ -408,10 +408,10 @@ async def test_renew_during_the_renewal_wait_renews_at_once(
         assert state.expires_at == second.not_after
         renewed_at = fakes.names().index("begin_renewal")
         assert fakes.names()[renewed_at - 1 :] == [
-            "ensure_certificate",
+            "finalize_and_store",  # the run after the first issuance read nothing
             "begin_renewal",
             *ATTEMPT_STEPS,
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         await run.cancel()
 

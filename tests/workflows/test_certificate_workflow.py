@@ -30,7 +30,7 @@ from workflows.policy import failure_backoff
 
 from .fakes import (
     renewal_at,
-    ACTIVE_RUN_STEPS,
+    AFTER_ISSUANCE_STEPS,
     ATTEMPT_STEPS,
     CERT_ID,
     FAST_POLICY,
@@ -70,7 +70,7 @@ async def test_happy_path_issues_in_order_and_goes_active(workflow_env: Workflow
 
         # Issued, then continue-as-new: the next run starts from the (now ACTIVE) row
         # and waits for the renewal time.
-        assert fakes.names() == HAPPY_STEPS + ACTIVE_RUN_STEPS
+        assert fakes.names() == HAPPY_STEPS + AFTER_ISSUANCE_STEPS
         assert await run.run_id() != first_run_id
 
         (issued,) = fakes.issued
@@ -112,7 +112,7 @@ async def test_managed_hostname_skips_the_dns_check(workflow_env: WorkflowEnviro
     fakes = Fakes(workflow_env, row=Row(skips_dns=True))
     async with started(workflow_env, fakes) as run:
         await run.until_active()
-        assert fakes.names() == [s for s in HAPPY_STEPS if s != "check_dns"] + ACTIVE_RUN_STEPS
+        assert fakes.names() == [s for s in HAPPY_STEPS if s != "check_dns"] + AFTER_ISSUANCE_STEPS
         await run.cancel()
 
 
@@ -144,7 +144,7 @@ async def test_order_polling_waits_on_durable_timers(
             assert expected <= measured < expected + 2, (gaps, expected_gaps)
         assert fakes.names() == HAPPY_STEPS[:-1] + ["wait_for_order"] * 2 + [
             "finalize_and_store",
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         await run.cancel()
 
@@ -188,7 +188,7 @@ async def test_dns_error_keeps_pending_and_rechecks_with_backoff(
             "ensure_certificate",
             *(["check_dns", "record_failure"] * 3),
             *ATTEMPT_STEPS,
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         # dns_recheck_initial_seconds, doubling: 60, 120, 240
         gaps = seconds_between(fakes.of("check_dns"))
@@ -215,7 +215,7 @@ async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
             "place_order",
             "record_failure",
             *ATTEMPT_STEPS,  # no order was open: the next attempt starts over
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         creates = fakes.of("place_order")
         # Retry-After, plus a spread of up to max(5 s, 10 %) so waiters do not herd.
@@ -243,7 +243,7 @@ async def test_rate_limited_with_open_order_keeps_it_and_polls_it_again(
         assert fakes.names()[failed_at + 1 :] == [
             "wait_for_order",
             "finalize_and_store",
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         assert fakes.of("wait_for_order")[1].arg.order_url == order(1).order_url
         finalizes = fakes.of("finalize_and_store")
@@ -271,7 +271,7 @@ async def test_invalid_order_spends_budget_and_clears_the_order(
             (PENDING, 1, False, ErrorCode.ACME_INVALID_ORDER)
         ]
         failed_at = fakes.names().index("record_failure")
-        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *AFTER_ISSUANCE_STEPS]
         assert fakes.orders_created == 2  # a NEW order
         assert fakes.of("finalize_and_store")[0].arg.order_url == order(2).order_url
         checks = fakes.of("check_dns")
@@ -299,7 +299,7 @@ async def test_temporary_error_with_open_order_keeps_it(workflow_env: WorkflowEn
         assert fakes.names()[failed_at + 1 :] == [
             "wait_for_order",
             "finalize_and_store",
-            *ACTIVE_RUN_STEPS,
+            *AFTER_ISSUANCE_STEPS,
         ]
         finalizes = fakes.of("finalize_and_store")
         assert [f.arg.order_url for f in finalizes] == [order(1).order_url] * 2
@@ -317,7 +317,7 @@ async def test_temporary_error_without_open_order_orders_again(
             (PENDING, 1, False, ErrorCode.ACME_TEMPORARY)
         ]
         failed_at = fakes.names().index("record_failure")
-        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *ACTIVE_RUN_STEPS]
+        assert fakes.names()[failed_at + 1 :] == [*ATTEMPT_STEPS, *AFTER_ISSUANCE_STEPS]
         creates = fakes.of("place_order")
         assert 60 <= gap(creates[0], creates[1]) < 71
         await run.cancel()
