@@ -6,7 +6,8 @@ beyond what the disruptions explain, and no key material may be anywhere it
 must not be.
 
 ``CERTFLOW_CHAOS_HOSTNAMES`` (default 100) sets the number of hostnames. The
-summary is printed (run with ``-s`` to see it).
+summary is printed (run with ``-s`` to see it) and written as JSON to
+``CERTFLOW_CHAOS_REPORT`` when that names a file.
 
 The bound on orders, and why. The proxy counts every new-order request it
 forwards to the CA (``proxy.new_orders_for``); its request hook tells which of
@@ -64,6 +65,7 @@ import time
 import urllib.parse
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from datetime import datetime
 from typing import Any
 
@@ -574,6 +576,8 @@ async def _check_invariants(
         ),
     }
     print("\nchaos summary:\n" + "\n".join(f"  {k}: {v}" for k, v in summary.items()), flush=True)
+    if os.environ.get("CERTFLOW_CHAOS_REPORT"):  # the summary of a run without -s
+        Path(os.environ["CERTFLOW_CHAOS_REPORT"]).write_text(json.dumps(summary, default=str, indent=1))
     for hostname in [h for h in hostnames if failed[h]][:3]:  # what drove a budget to FAILED
         print(f"  {hostname} went FAILED; its events:")
         for event in await pool.fetch(
