@@ -2,6 +2,7 @@
 
     python -m bench --quick                       # sizes 1,10, short baseline trials
     python -m bench --sizes 1,50,500 --idle 5000  # the full run
+    python -m bench --scale 20000                 # only the scale phase, merged into --out
 
 Starts Pebble (VA no-sleep, no nonce rejection) with challtestsrv and Postgres
 (``DATABASE_URL`` or embedded, with pg_stat_statements when it can be loaded)
@@ -24,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, report
+from bench import baselines, report, scale_model
 from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
+from bench.scale import run_scale
 from bench.snapshot import code_version, snapshot
 from bench.stack import Stack, start_stack
 
@@ -44,6 +46,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="short run: sizes 1,10, 5 s baseline trials")
     parser.add_argument("--idle", type=int, default=0, metavar="COUNT", help="idle phase with COUNT parked certificates")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="idle measurement window (default 60)")
+    parser.add_argument(
+        "--scale", type=int, nargs="?", const=20000, default=0, metavar="N",
+        help="only the scale phase: N parked ACTIVE certificates' steady-state bill (default N 20000);"
+        " its results go under the 'scale' key of --out, the other keys are kept",
+    )
+    parser.add_argument(
+        "--scale-seconds", type=float, default=600.0,
+        help="steady window of the scale phase (default 600: one renewal-info sweep interval)",
+    )
     parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
     parser.add_argument("--repeats", type=int, help="sequential single requests at N=1 (default 7; quick 3)")
@@ -106,8 +117,70 @@ async def run_certflow(stack: Stack, args: argparse.Namespace, workdir: Path) ->
         await pg.close()
 
 
+async def run_scale_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    pg = await PgStats.connect(stack.stats_url, stack.statements)
+    try:
+        await asyncio.to_thread(stack.wait_machine_quiet, "scale")
+        log(f"scale: {args.scale} certificates, {args.scale_seconds:g} s steady window")
+        return await run_scale(stack, pg, args.scale, args.scale_seconds, workdir / "scale", log)
+    finally:
+        await pg.close()
+
+
+def _run_meta(stack: Stack, began: float, code_at_start: str) -> dict[str, Any]:
+    """What every results file says about the run that wrote it."""
+    return {
+        "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "total_seconds": round(time.monotonic() - began, 1),
+        "code_at_start": code_at_start,
+        "code_at_end": code_version(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "postgres": stack.postgres_source,
+        "machine_quiet_waits": stack.quiet_waits,
+    }
+
+
+def main_scale(args: argparse.Namespace) -> int:
+    """The scale phase alone; its result replaces the ``scale`` key of ``--out``."""
+    warning = scale_model.check_interval(args.scale_seconds)
+    if warning:
+        log(f"WARNING: {warning}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
+    began = time.monotonic()
+    code_at_start = code_version()
+    log(f"bench: servers starting (workdir {workdir})")
+    stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
+    try:
+        found = asyncio.run(run_scale_phase(stack, args, workdir))
+    finally:
+        stack.stop(drop_databases=not args.keep)
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    found["meta"] = {
+        **_run_meta(stack, began, code_at_start),
+        "pg_counting": "pg_stat_statements" if stack.statements else "unavailable",
+        "command": " ".join(["python -m bench", *(sys.argv[1:] if sys.argv[1:] else [])]),
+    }
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results["scale"] = found
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    log("")
+    log(scale_model.table(found))
+    if found["meta"]["code_at_start"] != found["meta"]["code_at_end"]:
+        log("WARNING: the live tree changed during the run; workers ran from the snapshot taken at the start")
+    bad = {k: v for k, v in found["worker_log_levels"].items() if k in ("warning", "error", "critical")}
+    if bad:
+        log(f"WARNING: the worker logged {bad} (see the worker log)")
+    log(f"\nresults: {args.out} (key 'scale'; total {found['meta']['total_seconds']} s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scale:
+        return main_scale(args)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()
@@ -126,14 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     result: dict[str, Any] = {
         "meta": {
-            "finished_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "total_seconds": round(time.monotonic() - began, 1),
-            "code_at_start": code_at_start,
-            "code_at_end": code_version(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "postgres": stack.postgres_source,
-            "machine_quiet_waits": stack.quiet_waits,
+            **_run_meta(stack, began, code_at_start),
             "pg_counting": counting,
             "pebble": "PEBBLE_VA_NOSLEEP=1, PEBBLE_WFE_NONCEREJECT=0, default authz reuse; EC P-256 keys everywhere",
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -89,9 +89,16 @@ def _start_worker(code: Path, workdir: Path, env: dict[str, str]) -> devstack.Wo
         return devstack.start_worker(workdir, env)
 
 
-async def deploy(stack: Stack, workdir: Path, name: str, extra_env: dict[str, str]) -> Deployment:
-    """Start Temporal, create the database and start a worker wired to them."""
-    temporal = await asyncio.to_thread(start_temporal, workdir / "temporal")
+async def deploy(
+    stack: Stack,
+    workdir: Path,
+    name: str,
+    extra_env: dict[str, str],
+    temporal_args: list[str] | None = None,
+) -> Deployment:
+    """Start Temporal (``temporal_args``: more ``start-dev`` flags), create the
+    database and start a worker wired to them."""
+    temporal = await asyncio.to_thread(start_temporal, workdir / "temporal", temporal_args)
     try:
         database, url = await asyncio.to_thread(stack.new_database, f"bench_{name}")
         raw_key = secrets.token_bytes(32)

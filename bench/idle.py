@@ -128,7 +128,7 @@ async def measure_reconcile(dep: Deployment, pg: PgStats, roots: dict[str, int])
     return {
         "seconds": round(seconds, 2),
         "checked": outcome.checked,
-        "started": len(outcome.started),
+        "started": outcome.total_started,
         "pg_statements": change.statements,
         "pg_xact_commit": change.counters["xact_commit"],
         "pg_statements_by_text": {" ".join(q.split())[:140]: c for q, c in change.by_statement.items()},

@@ -164,8 +164,8 @@ def start_stack(workdir: Path, code: Path, quiet_wait: float) -> Stack:
     return Stack(workdir, pebble, admin_url, stats_url, statements, source, code, quiet_wait, postgres)
 
 
-def start_temporal(workdir: Path) -> devstack.TemporalDevServer:
-    return devstack.start_temporal(workdir)
+def start_temporal(workdir: Path, extra_args: list[str] | None = None) -> devstack.TemporalDevServer:
+    return devstack.start_temporal(workdir, extra_args=extra_args)
 
 
 def temporal_pid(server: devstack.TemporalDevServer) -> int | None:

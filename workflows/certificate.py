@@ -166,18 +166,10 @@ class CertificateWorkflow:
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
-        if self._after_issuance:
-            # The run after an issuance starts from the row the last run stored: no
-            # read (no patch: no run recorded before this carried a policy).
-            policy = self._policy
-        else:
-            ensured = await run(
-                POSTGRES,
-                RecordActivities.ensure_certificate,
-                EnsureCertificateInput(hostname=input.hostname, tenant_id=input.tenant_id),
-            )
-            self._set_record(ensured.record)
-            self._policy = policy = ensured.policy
+        # The run after an issuance starts from the row the last run stored: no read
+        # until it renews (no patch: no run recorded before this carried a policy).
+        if not self._after_issuance:
+            await self._read_row(input.tenant_id)
         while True:
             record = self._record
             if self._stop is not None:
@@ -195,7 +187,7 @@ class CertificateWorkflow:
                     await self._begin_renewal()
                 continue
             if record.status is CertificateStatus.FAILED:
-                await self._wait_failed(policy)
+                await self._wait_failed(self._policy)
                 if self._stop is None and not await self._reopen_failed():
                     return await self._end(Phase.ROW_MOVED_ON)
                 continue
@@ -203,18 +195,18 @@ class CertificateWorkflow:
             await self._warn_if_expiring()
             renewal = self._record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
             try:
-                issued = await self._issue(self._record, policy)
+                issued = await self._issue(self._record, self._policy)
             except _Stopped:
                 continue
             except AttemptFailed as failure:
                 self._dns_failures = self._dns_failures + 1 if failure.code in RECHECK_CODES else 0
-                if not await self._record_failure(failure, policy):
+                if not await self._record_failure(failure, self._policy):
                     if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
                         return await self._end(Phase.ROW_MOVED_ON)
                     if not await self._follow_moved_row(renewal):
                         return await self._end(Phase.ROW_GONE)
                     continue
-                await self._wait_after(failure, policy, self._dns_failures)
+                await self._wait_after(failure, self._policy, self._dns_failures)
                 continue
             self._set_record(self._record.model_copy(
                 update={
@@ -605,7 +597,23 @@ class CertificateWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._next_run_input())
 
+    async def _read_row(self, tenant_id: str | None) -> None:
+        """The row and the worker's policy, read (the row made if missing)."""
+        ensured = await run(
+            POSTGRES,
+            RecordActivities.ensure_certificate,
+            EnsureCertificateInput(hostname=self._hostname, tenant_id=tenant_id),
+        )
+        self._set_record(ensured.record)
+        self._policy = ensured.policy
+
     async def _begin_renewal(self) -> None:
+        if self._after_issuance:
+            # Months after the carried row and policy were read: read both again, so
+            # settings changed since (webhooks, backoffs) apply to this renewal.
+            await self._read_row(self._record.tenant_id)
+            if self._record.status is not CertificateStatus.ACTIVE:
+                return  # the row moved on (canceled by the product): the loop decides
         record = self._record
         self._renew_requested = False
         self._enter(Phase.RENEWING)

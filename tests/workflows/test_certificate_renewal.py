@@ -146,6 +146,29 @@ async def test_the_window_asked_at_issuance_is_slept_to_without_a_signal(
         await run.cancel()
 
 
+async def test_a_renewal_after_an_issuance_reads_the_policy_the_worker_has_now(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The run after an issuance starts from the carried row and policy, and reads
+    both again when it renews: a setting changed in the months between (here the
+    self-check turned off) applies to the renewal.
+
+    Fails with the read before the renewal removed (the carried policy still has the
+    self-check on: check_http01 is called again).
+    """
+    fakes = Fakes(workflow_env)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(serial_count=1)
+        assert len(fakes.of("check_http01")) == 1
+        fakes.policy = fakes.policy.model_copy(update={"http01_self_check": False})
+        await run.handle.signal("renew")
+        await run.until_active(serial_count=2)
+        assert len(fakes.of("check_http01")) == 1  # not asked again: the new policy
+        renewed_at = fakes.names().index("begin_renewal")
+        assert fakes.names()[renewed_at - 1] == "ensure_certificate"
+        await run.cancel()
+
+
 async def test_a_window_in_the_past_renews_now(workflow_env: WorkflowEnvironment) -> None:
     """ARI's answer for a revoked certificate: a window in the past, renew at once."""
     t0 = await workflow_env.get_current_time()
@@ -227,8 +250,9 @@ async def test_three_renewal_cycles_each_continue_as_new(
         print(f"{lifetime.days}-day certificate: history lengths of the runs {lengths}")
         assert all(n < 100 for n in lengths), lengths
         assert lengths[-1] < 30, lengths  # the latest run only waits for the renewal time
-        # The first run reads the row; each run after an issuance starts from it.
-        assert len(fakes.of("ensure_certificate")) == 1
+        # The first run reads the row; each run after an issuance starts from it and
+        # reads it again (with the worker's policy) only when it renews.
+        assert len(fakes.of("ensure_certificate")) == 3
         await run.cancel()
 
 

@@ -408,7 +408,7 @@ async def test_renew_during_the_renewal_wait_renews_at_once(
         assert state.expires_at == second.not_after
         renewed_at = fakes.names().index("begin_renewal")
         assert fakes.names()[renewed_at - 1 :] == [
-            "finalize_and_store",  # the run after the first issuance read nothing
+            "ensure_certificate",  # the run after the first issuance reads before it renews
             "begin_renewal",
             *ATTEMPT_STEPS,
             *AFTER_ISSUANCE_STEPS,
