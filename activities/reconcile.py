@@ -2,7 +2,7 @@
 have one running and has none, at a cost that follows the changes, not the rows.
 
 Two cheap reads find them: the rows no workflow ever ran for (``workflow_seen_at``
-is written by the first step of every run: an indexed, usually empty read), and
+is written by a workflow's first step: an indexed, usually empty read), and
 the Certificate workflows that ended since the last passes (a visibility query
 by close time). A row inserted by SQL is normalized here first (a U-label gets
 its A-label, the workflow id is the one ``request`` computes); one that is not a

@@ -497,7 +497,7 @@ async def rows_without_workflow(
     pool: asyncpg.Pool, after: tuple[datetime, str] | None, limit: int
 ) -> list[ReconcileRow]:
     """Rows that should have a workflow and never had one run (workflow_seen_at is
-    written by every run's first step), oldest first, keyset-paged."""
+    written by a workflow's first step), oldest first, keyset-paged."""
     rows = await pool.fetch(
         """
         SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id, created_at
