@@ -670,7 +670,9 @@ def test_every_encoding_of_a_key_is_found_and_public_material_is_not(material: M
     }
     for name, blob in leaks.items():
         assert scan_bytes(blob, specific), f"{name} not found"
-    assert scan_bytes("-----BEGIN EC PRIVATE KEY-----", needles) == ["a PEM private key header"]
+    # The header alone, of a key generated here (no key text is kept in the tree).
+    header = traditional.splitlines()[0]
+    assert scan_bytes(header, needles) == ["a PEM private key header"]
 
     public = []
     for private, cert in ((material.ec_key, material.ec_cert), (material.rsa_key, material.rsa_cert)):
