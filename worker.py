@@ -22,9 +22,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from activities.acme_client import AcmeClients, ensure_account
+from activities.acme_client import AcmeClients, ensure_account, issuer_setting
 from activities.acme_orders import AcmeActivities, OrderPacing
-from activities.dns_checks import DnsActivities, DnsChecker
+from activities.dns_checks import CaaIssuer, DnsActivities, DnsChecker
 from activities.preflight import Http01Fetcher, PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
@@ -68,18 +68,16 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     worker with every activity, the schedule, the responder. ConfigError for
     anything an operator must fix, before any request is served."""
     encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
-    verify: str | bool = str(settings.acme_ca_bundle) if settings.acme_ca_bundle else True
-    try:
-        account = await ensure_account(
-            pool,
-            settings.acme_directory_url,
-            settings.acme_email,
-            encryption_key,
-            verify,
-            settings.acme_profile,
-        )
-    except DecryptionError as err:
-        raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+    issuers = settings.issuer_list
+    issuer_clients: list[AcmeClients] = []
+    for issuer in issuers.items:
+        try:
+            account = await ensure_account(
+                pool, issuer, settings.acme_email, encryption_key, issuer_setting(issuers, issuer)
+            )
+        except DecryptionError as err:
+            raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+        issuer_clients.append(AcmeClients(account, issuer))
     runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
     metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
     interceptors: list[Interceptor] = []
@@ -96,15 +94,18 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         interceptors=interceptors,
     )
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
-    clients = AcmeClients(account)
     searchable = await register_search_attributes(client, settings.temporal_namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
     host, port = settings.dns_resolver_address
     dns = DnsChecker(
         resolver=f"{host}:{port}",
         cname_target=settings.cname_target,
-        caa_issuer_domain=settings.caa_issuer_domain,
-        account_uri=account.account_url,  # RFC 8657 accounturi
+        caa_issuer_domain=issuers.items[0].caa_domains[0],
+        # Each CA with our account URL there, for RFC 8657 accounturi.
+        issuers=tuple(
+            (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account.account_url))
+            for c in issuer_clients
+        ),
     )
     worker = Worker(
         client,
@@ -123,12 +124,11 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 pool, dns, Http01Fetcher(dns, port=settings.http01_self_check_port), metrics
             ),
             AcmeActivities(
-                clients,
+                issuer_clients,
                 pool,
                 encryption_key,
                 settings.acme_key_type,
                 executor,
-                profile=settings.acme_profile,
                 metrics=metrics,
                 pacing=OrderPacing(
                     max_orders_in_flight=settings.max_new_orders_in_flight,
@@ -139,7 +139,11 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 pool, client, settings.task_queue, settings.reconcile_interval_seconds
             ),
             RenewalInfoSweep(
-                pool, clients, executor, client, requests_per_second=settings.acme_polls_per_second
+                pool,
+                issuer_clients,
+                executor,
+                client,
+                requests_per_second=settings.acme_polls_per_second,
             ),
             *webhook_activities(settings),
         ),

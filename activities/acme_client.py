@@ -31,6 +31,7 @@ from activities.acme_problems import problem_error
 from certflow import accounts
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
+from certflow.issuers import ExternalAccountBinding, Issuer, Issuers
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +126,17 @@ def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
     elif isinstance(exc, requests.RequestException):
         detail = f"cannot reach the CA: {type(exc).__name__}: {exc}"
 
-    return problem_error(
+    err = problem_error(
         problem_type,
         detail,
         http_status=status,
         retry_after_seconds=parse_retry_after(retry_after_header),
         subproblems=subproblems,
     )
+    bare_gateway_error = isinstance(exc, HttpStatusError) and status in (502, 503, 504)
+    if isinstance(exc, requests.RequestException) or bare_gateway_error:
+        err.unreachable = err.code is ErrorCode.ACME_TEMPORARY
+    return err
 
 
 @dataclass(frozen=True)
@@ -152,15 +157,35 @@ def _account_network(key: JWKEC, verify: str | bool) -> AcmeNetwork:
     return AcmeNetwork(key, alg=ES256, verify_ssl=verify, user_agent=USER_AGENT, timeout=15)  # type: ignore[arg-type]
 
 
+def external_account_binding(
+    key: JWKEC, eab: ExternalAccountBinding, directory: messages.Directory
+) -> dict[str, Any]:
+    """The RFC 8555 §7.3.4 JWS binding the account key to the CA's key id: the
+    account's public JWK as payload, MACed (HS256) with the CA's key, ``kid`` and
+    the newAccount URL in the protected header."""
+    return messages.ExternalAccountBinding.from_data(
+        account_public_key=key.public_key(),
+        kid=eab.kid,
+        hmac_key=eab.hmac_key.get_secret_value(),
+        directory=directory,
+    )
+
+
 def _register(
-    directory_url: str, key: JWKEC, email: str | None, verify: str | bool
+    directory_url: str,
+    key: JWKEC,
+    email: str | None,
+    verify: str | bool,
+    eab: ExternalAccountBinding | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Register the key (or find its existing account); returns URL and directory JSON."""
     net = _account_network(key, verify)
     directory_json = net.get(directory_url).json()
-    client = acme_client.ClientV2(messages.Directory.from_json(copy.deepcopy(directory_json)), net)
+    directory = messages.Directory.from_json(copy.deepcopy(directory_json))
+    client = acme_client.ClientV2(directory, net)
+    binding = external_account_binding(key, eab, directory) if eab is not None else None
     registration = messages.NewRegistration.from_data(
-        email=email, terms_of_service_agreed=True
+        email=email, terms_of_service_agreed=True, external_account_binding=binding
     )
     try:
         regr = client.new_account(registration)
@@ -173,21 +198,25 @@ REGISTER_ATTEMPTS = 6
 
 
 async def _register_with_retries(
-    directory_url: str, key: JWKEC, email: str | None, verify: str | bool
+    issuer: Issuer, key: JWKEC, email: str | None, setting: str
 ) -> tuple[str, dict[str, Any]]:
     """Register, riding out short CA faults (badNonce, 5xx, resets) with backoff;
-    anything else, or a fault that persists, stops start-up with one clear line."""
+    anything else (a refused External Account Binding), or a fault that persists,
+    stops start-up with one clear line naming ``setting``."""
     import asyncio
 
     for attempt in range(1, REGISTER_ATTEMPTS + 1):
         try:
-            return await asyncio.to_thread(_register, directory_url, key, email, verify)
+            return await asyncio.to_thread(
+                _register, issuer.directory_url, key, email, issuer.verify, issuer.eab
+            )
         except Exception as exc:  # classified below
             failure = classify_acme_failure(exc)
             if failure.code is not ErrorCode.ACME_TEMPORARY or attempt == REGISTER_ATTEMPTS:
+                binding = " with its External Account Binding" if issuer.eab else ""
                 raise ConfigError(
-                    f"CERTFLOW_ACME_DIRECTORY_URL: cannot register the ACME account at"
-                    f" {directory_url}: {failure.detail}"
+                    f"{setting}: cannot register the ACME account{binding} at"
+                    f" {issuer.directory_url}: {failure.detail}"
                 ) from None
             delay = min(2.0 ** (attempt - 1) * 0.5, 8.0)
             log.warning("ACME account registration failed (%s); retrying in %.1f s", failure.detail, delay)
@@ -195,19 +224,27 @@ async def _register_with_retries(
     raise AssertionError("unreachable")
 
 
+def issuer_setting(issuers: Issuers, issuer: Issuer) -> str:
+    """The setting an operator fixes for this issuer, as errors name it."""
+    if issuer.name == issuers.items[0].name and len(issuers.items) == 1 and issuer.name == "default":
+        return "CERTFLOW_ACME_DIRECTORY_URL"
+    return f"CERTFLOW_ISSUERS ({issuer.name})"
+
+
 async def ensure_account(
     pool: asyncpg.Pool,
-    directory_url: str,
+    issuer: Issuer,
     email: str | None,
     encryption_key: EncryptionKey,
-    verify: str | bool,
-    profile: str | None = None,
+    setting: str = "CERTFLOW_ACME_DIRECTORY_URL",
 ) -> AcmeAccount:
-    """Load this directory's account key (generating and storing it, encrypted, the
-    first time) and make sure the CA knows it. Safe when workers start together.
+    """Load this issuer's account key (generating and storing it, encrypted, the
+    first time) and make sure the CA knows it, registered with the issuer's External
+    Account Binding when it has one. Safe when workers start together.
 
-    A ``profile`` the CA's directory does not list is a ConfigError raised before
-    anything is written."""
+    A refused registration, or a profile the CA's directory does not list, is a
+    ConfigError naming ``setting``, raised before anything is written."""
+    directory_url, verify, profile = issuer.directory_url, issuer.verify, issuer.profile
 
     async with pool.acquire() as conn:
         async with conn.transaction():
@@ -227,35 +264,41 @@ async def ensure_account(
             # Registering an existing key only returns its URL, so this also
             # re-registers after the CA lost the account (a restarted Pebble).
             account_url, directory_json = await _register_with_retries(
-                directory_url, key, email, verify
+                issuer, key, email, setting
             )
-            check_profile(directory_json, profile)
+            check_profile(directory_json, profile, setting)
             if stored is None or stored.account_url != account_url:
                 await accounts.save_account(
                     conn, directory_url, account_url, encryption_key.encrypt(pem)
                 )
-    log.info("ACME account ready", extra={"account_url": account_url})
+    log.info("ACME account ready", extra={"account_url": account_url, "issuer": issuer.name})
     takes_replaces = stored.takes_replaces if stored is not None else True
     return AcmeAccount(directory_url, account_url, key, directory_json, verify, takes_replaces)
 
 
-def check_profile(directory_json: dict[str, Any], profile: str | None) -> None:
+def check_profile(
+    directory_json: dict[str, Any], profile: str | None, setting: str = "CERTFLOW_ACME_DIRECTORY_URL"
+) -> None:
     """A configured ACME profile must be one the CA's directory lists."""
     if not profile:
         return
     offered = dict(directory_json.get("meta", {}).get("profiles") or {})
     if profile not in offered:
         listed = ", ".join(sorted(offered)) or "none"
+        where = "CERTFLOW_ACME_PROFILE" if setting == "CERTFLOW_ACME_DIRECTORY_URL" else setting
         raise ConfigError(
-            f"CERTFLOW_ACME_PROFILE: the CA does not offer profile {profile!r} (it offers: {listed})"
+            f"{where}: the CA does not offer profile {profile!r} (it offers: {listed})"
         )
 
 
 class AcmeClients:
-    """A pool of ready clients for one account; each borrower has one to itself."""
+    """A pool of ready clients for one issuer's account; each borrower has one to itself."""
 
-    def __init__(self, account: AcmeAccount) -> None:
+    def __init__(self, account: AcmeAccount, issuer: Issuer) -> None:
         self.account = account
+        self.issuer = issuer
+        self.takes_replaces = account.takes_replaces
+        """False once the CA refused RFC 9773 ``replaces`` (renewals go without it)."""
         self._idle: queue.SimpleQueue[acme_client.ClientV2] = queue.SimpleQueue()
 
     def _new_client(self) -> acme_client.ClientV2:

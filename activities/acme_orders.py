@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from datetime import datetime, timezone
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -136,8 +137,10 @@ def _order_status(order: dict[str, Any]) -> AcmeStatus:
         ) from None
 
 
-class AcmeActivities:
-    """Activities that talk to the CA, for one account."""
+class IssuerOrders:
+    """What the ACME activities do at one issuer (CA), with its account: its
+    cooldowns, order slots, profile and ARI. :class:`AcmeActivities` picks the
+    issuer of each call."""
 
     def __init__(
         self,
@@ -146,40 +149,23 @@ class AcmeActivities:
         encryption_key: EncryptionKey,
         key_type: KeyType,
         executor: ThreadPoolExecutor,
-        profile: str | None = None,
-        metrics: CertflowMetrics | None = None,
-        pacing: OrderPacing = OrderPacing(),
+        metrics: CertflowMetrics,
+        pacing: OrderPacing,
+        polls: PollPacer,
     ) -> None:
         self._clients = clients
         self._pool = pool
         self._key = encryption_key
         self._key_type = key_type
         self._executor = executor
-        self._profile = profile
-        self._metrics = metrics or CertflowMetrics()
+        self._profile = clients.issuer.profile
+        self._metrics = metrics
         self._pacing = pacing
-        self._polls = PollPacer(pacing.polls_per_second)
-        self._takes_replaces = clients.account.takes_replaces
+        self._polls = polls
 
-    async def _step(
-        self,
-        phase: str,
-        work: Awaitable[T],
-        result_of: Callable[[T], str] = lambda _: "ok",
-        span_attributes: dict[str, str | None] | None = None,
-    ) -> T:
-        """Run one activity's work in a span, with metrics by phase and result;
-        typed errors out."""
-        started = time.monotonic()
-        try:
-            with step_span(phase, **(span_attributes or {})):
-                result = await work
-        except CertflowError as err:
-            limited = err.code is ErrorCode.ACME_RATE_LIMITED
-            self._metrics.step(phase, "rate_limited" if limited else "error", started)
-            raise to_application_error(err) from None
-        self._metrics.step(phase, result_of(result), started)
-        return result
+    @property
+    def name(self) -> str:
+        return self._clients.issuer.name
 
     @property
     def _directory_url(self) -> str:
@@ -254,12 +240,9 @@ class AcmeActivities:
         response = client.net.post(url, None, new_nonce_url=self._clients.new_nonce_url)
         return _Fetched(response.json(), parse_retry_after(response.headers.get("Retry-After")))
 
-    @activity.defn(name="cooldown_remaining")
-    async def cooldown_remaining(self, hostname: str) -> float:
-        """Seconds left of the rate-limit cooldowns that hold back a new order for
-        hostname (0 when none): the account's, its registered domain's, its own,
-        less those a renewal is exempt from when it has a certificate."""
-        kind = await certificates.order_kind(self._pool, hostname)
+    async def cooldown_remaining(self, hostname: str, kind: OrderKind) -> float:
+        """Seconds left of this issuer's rate-limit cooldowns that hold back an order
+        of this kind for hostname (0 when none)."""
         held = cooldown.longest(await self._cooldowns_for(hostname, kind))
         return max(0.0, held.until.timestamp() - time.time()) if held else 0.0
 
@@ -270,19 +253,7 @@ class AcmeActivities:
 
     # -- create_order ------------------------------------------------------
 
-    @activity.defn(name="create_order")
-    async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
-        """Open a new order for the hostname and pick its http-01 challenge.
-
-        Nothing is sent while a rate-limit cooldown that applies to it holds.
-        """
-        return await self._step(
-            "create_order",
-            self._create_order(input.hostname),
-            span_attributes={"certificate.hostname": input.hostname},
-        )
-
-    async def _create_order(
+    async def create_order(
         self,
         hostname: str,
         kind: OrderKind = OrderKind.NEW,
@@ -345,7 +316,7 @@ class AcmeActivities:
                 raise
             if problem_suffix(err.problem_type) != "alreadyreplaced":
                 # Malformed or unknown to it: this CA does not take `replaces`.
-                self._takes_replaces = False
+                self._clients.takes_replaces = False
                 await accounts.refuse_replaces(self._pool, self._directory_url)
             activity.logger.warning(
                 "the CA refused `replaces`; ordering once without it",
@@ -359,7 +330,7 @@ class AcmeActivities:
     async def _replaces(self, certificate_id: str) -> str | None:
         """The RFC 9773 certID of the certificate a renewal replaces, when the CA has
         ARI and takes ``replaces``."""
-        if not self._takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
+        if not self._clients.takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
             return None
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if leaf_pem is None:
@@ -421,29 +392,18 @@ class AcmeActivities:
 
     # -- place_order -------------------------------------------------------
 
-    @activity.defn(name="place_order")
     async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
-        """Open a new order and persist its challenge, in one step (runs from before
-        the place-order patch call create_order and persist_challenge instead).
-
-        An order an earlier try persisted (its result lost) is returned as it is,
-        never ordered again. Nothing is sent while a rate-limit cooldown that applies
-        to this order holds (SPEC §4: its scope, and the exemptions of renewals).
-        """
-        return await self._step(
-            "create_order",  # the original dashboard's phase label for this step
-            self._place_order(input),
-            span_attributes={"certificate.hostname": input.hostname},
-        )
-
-    async def _place_order(self, input: PlaceOrderInput) -> OpenedOrder:
         # Only a retry can find an order of its own on the row (the workflow calls this
         # when the row had none), so a first try spends no read on it.
         if activity.info().attempt > 1:
             stored = await certificates.stored_open_order(self._pool, input.certificate_id)
             if stored is not None:
                 return stored
-        order = await self._create_order(input.hostname, input.kind, input.certificate_id)
+        if input.issuer is not None:
+            await certificates.choose_issuer(
+                self._pool, input.certificate_id, self.name, input.issuer_reason
+            )
+        order = await self.create_order(input.hostname, input.kind, input.certificate_id)
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
         if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
@@ -454,12 +414,8 @@ class AcmeActivities:
 
     # -- accept_challenge --------------------------------------------------
 
-    @activity.defn(name="accept_challenge")
-    async def accept_challenge(self, input: AcceptChallengeInput) -> None:
-        """Ask the CA to validate. A challenge already validating or valid is success."""
-        await self._step(
-            "accept_challenge", self._call(lambda client: self._accept(client, input.challenge_url))
-        )
+    async def accept_challenge(self, challenge_url: str) -> None:
+        await self._call(lambda client: self._accept(client, challenge_url))
 
     def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> None:
         try:
@@ -480,19 +436,7 @@ class AcmeActivities:
 
     # -- wait_for_order ----------------------------------------------------
 
-    @activity.defn(name="wait_for_order")
     async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
-        """Poll the order every few tens of milliseconds (heartbeating) until it is
-        ready or valid, or the window ends; with ``accept_first``, accept the
-        challenge first. An invalid order is ACME_INVALID_ORDER."""
-        return await self._step(
-            "poll_order",
-            self._wait_for_order(input),
-            lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
-            span_attributes={"acme.order_url": input.order_url},
-        )
-
-    async def _wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
         if input.accept_first and input.challenge_url:
             challenge_url = input.challenge_url
             await self._call(lambda client: self._accept(client, challenge_url))
@@ -547,20 +491,7 @@ class AcmeActivities:
 
     # -- finalize_and_store --------------------------------------------------
 
-    @activity.defn(name="finalize_and_store")
     async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
-        """Finalize the order with a new key stored beforehand, download the chain,
-        check it matches the key, and make it the current certificate."""
-        return await self._step(
-            "issue_cert",  # the original dashboard's phase label for this step
-            self._finalize_and_store(input),
-            span_attributes={
-                "certificate.id": input.certificate_id,
-                "certificate.hostname": input.hostname,
-            },
-        )
-
-    async def _finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
         stored = await certificates.issued_by_order(
             self._pool, input.certificate_id, input.order_url
         )
@@ -690,11 +621,7 @@ class AcmeActivities:
 
     # -- renewal_info (ARI, RFC 9773) -------------------------------------------
 
-    @activity.defn(name="renewal_info")
     async def renewal_info(self, certificate_id: str) -> RenewalAdvice:
-        """The CA's suggested renewal window for the current certificate, when the
-        directory advertises ``renewalInfo``. Failures (503 + Retry-After included)
-        only ask to re-check later; they never fail the certificate."""
         base_url = self._clients.account.directory_json.get("renewalInfo")
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if not base_url or leaf_pem is None:
@@ -706,10 +633,7 @@ class AcmeActivities:
 
     # -- cancel and delete ------------------------------------------------------
 
-    @activity.defn(name="deactivate_authorizations")
     async def deactivate_authorizations(self, order_url: str) -> None:
-        """Deactivate the order's authorizations still pending or valid (best effort)."""
-
         def deactivate(client: acme_client.ClientV2) -> None:
             order = self._post_as_get(client, order_url).body
             for authz_url in order.get("authorizations") or []:
@@ -721,14 +645,9 @@ class AcmeActivities:
                         new_nonce_url=self._clients.new_nonce_url,
                     )
 
-        try:
-            await self._call(deactivate)
-        except CertflowError as err:
-            raise to_application_error(err) from None
+        await self._call(deactivate)
 
-    @activity.defn(name="revoke_certificate")
     async def revoke_certificate(self, certificate_id: str) -> None:
-        """Revoke the current certificate (already revoked is success)."""
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if leaf_pem is None:
             return
@@ -741,7 +660,178 @@ class AcmeActivities:
                 if err.code != "alreadyRevoked":
                     raise
 
+        await self._call(revoke)
+
+
+class AcmeActivities:
+    """The ACME activities, each sent to the issuer its input or its row names (the
+    first configured one for inputs and rows from before issuers)."""
+
+    def __init__(
+        self,
+        issuers: AcmeClients | Sequence[AcmeClients],
+        pool: asyncpg.Pool,
+        encryption_key: EncryptionKey,
+        key_type: KeyType,
+        executor: ThreadPoolExecutor,
+        metrics: CertflowMetrics | None = None,
+        pacing: OrderPacing = OrderPacing(),
+    ) -> None:
+        listed = [issuers] if isinstance(issuers, AcmeClients) else list(issuers)
+        if not listed:
+            raise ValueError("at least one issuer is needed")
+        self._pool = pool
+        self._metrics = metrics or CertflowMetrics()
+        polls = PollPacer(pacing.polls_per_second)  # one budget for every CA together
+        self._orders = [
+            IssuerOrders(
+                clients, pool, encryption_key, key_type, executor, self._metrics, pacing, polls
+            )
+            for clients in listed
+        ]
+        self._origins = {urllib.parse.urlsplit(c.issuer.directory_url)[:2]: i for i, c in enumerate(listed)}
+
+    def _at(self, name: str | None) -> IssuerOrders:
+        """The issuer called ``name`` (None: the first configured)."""
+        if name is None:
+            return self._orders[0]
+        for orders in self._orders:
+            if orders.name == name:
+                return orders
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_INVALID_ORDER,
+            message=f"the issuer {name!r} is no longer configured on this worker",
+        )
+
+    def _serving(self, url: str) -> IssuerOrders:
+        """The issuer whose directory is on the host of ``url`` (an order URL from a
+        row or history that names no issuer); the first one otherwise."""
+        return self._orders[self._origins.get(urllib.parse.urlsplit(url)[:2], 0)]
+
+    async def _step(
+        self,
+        phase: str,
+        work: Callable[[], Awaitable[T]],
+        result_of: Callable[[T], str] = lambda _: "ok",
+        span_attributes: dict[str, str | None] | None = None,
+    ) -> T:
+        """Run one activity's work in a span, with metrics by phase and result;
+        typed errors out."""
+        started = time.monotonic()
         try:
-            await self._call(revoke)
+            with step_span(phase, **(span_attributes or {})):
+                result = await work()
+        except CertflowError as err:
+            limited = err.code is ErrorCode.ACME_RATE_LIMITED
+            self._metrics.step(phase, "rate_limited" if limited else "error", started)
+            raise to_application_error(err) from None
+        self._metrics.step(phase, result_of(result), started)
+        return result
+
+    @activity.defn(name="cooldown_remaining")
+    async def cooldown_remaining(self, hostname: str) -> float:
+        """Seconds left of the rate-limit cooldowns that hold back the next order for
+        hostname at the issuer of its attempt (0 when none): the account's, its
+        registered domain's, its own, less those a renewal at the CA of its
+        certificate is exempt from."""
+        attempt = await certificates.attempt_issuer(self._pool, hostname)
+        try:
+            orders = self._at(attempt.order_issuer)
+            renews_here = attempt.has_certificate and (
+                self._at(attempt.certificate_issuer).name == orders.name
+            )
+        except AcmeProblemError as err:
+            raise to_application_error(err) from None
+        kind = OrderKind.RENEWAL if renews_here else OrderKind.NEW
+        return await orders.cooldown_remaining(hostname, kind)
+
+    @activity.defn(name="create_order")
+    async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
+        """Open a new order for the hostname and pick its http-01 challenge (runs
+        from before the place-order patch). Nothing is sent while a rate-limit
+        cooldown that applies to it holds."""
+        return await self._step(
+            "create_order",
+            lambda: self._at(None).create_order(input.hostname),
+            span_attributes={"certificate.hostname": input.hostname},
+        )
+
+    @activity.defn(name="place_order")
+    async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
+        """Open a new order at the chosen issuer and persist its challenge, in one
+        step (runs from before the place-order patch call create_order and
+        persist_challenge instead).
+
+        An order an earlier try persisted (its result lost) is returned as it is,
+        never ordered again. Nothing is sent while a rate-limit cooldown that applies
+        to this order holds (SPEC §4: its scope, and the exemptions of renewals).
+        """
+        return await self._step(
+            "create_order",  # the original dashboard's phase label for this step
+            lambda: self._at(input.issuer).place_order(input),
+            span_attributes={"certificate.hostname": input.hostname, "acme.issuer": input.issuer},
+        )
+
+    @activity.defn(name="accept_challenge")
+    async def accept_challenge(self, input: AcceptChallengeInput) -> None:
+        """Ask the CA to validate. A challenge already validating or valid is success."""
+        await self._step(
+            "accept_challenge",
+            lambda: self._at(input.issuer).accept_challenge(input.challenge_url),
+        )
+
+    @activity.defn(name="wait_for_order")
+    async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
+        """Poll the order every few tens of milliseconds (heartbeating) until it is
+        ready or valid, or the window ends; with ``accept_first``, accept the
+        challenge first. An invalid order is ACME_INVALID_ORDER."""
+        return await self._step(
+            "poll_order",
+            lambda: self._at(input.issuer).wait_for_order(input),
+            lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
+            span_attributes={"acme.order_url": input.order_url},
+        )
+
+    @activity.defn(name="finalize_and_store")
+    async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
+        """Finalize the order with a new key stored beforehand, download the chain,
+        check it matches the key, and make it the current certificate."""
+        return await self._step(
+            "issue_cert",  # the original dashboard's phase label for this step
+            lambda: self._at(input.issuer).finalize_and_store(input),
+            span_attributes={
+                "certificate.id": input.certificate_id,
+                "certificate.hostname": input.hostname,
+            },
+        )
+
+    @activity.defn(name="renewal_info")
+    async def renewal_info(self, certificate_id: str) -> RenewalAdvice:
+        """The suggested renewal window of the current certificate from the CA that
+        issued it, when its directory advertises ``renewalInfo``. Failures (503 +
+        Retry-After included) only ask to re-check later; they never fail the
+        certificate."""
+        issuer = await certificates.certificate_issuer(self._pool, certificate_id)
+        try:
+            orders = self._at(issuer)
+        except AcmeProblemError:
+            return RenewalAdvice()  # the lifetime rule decides
+        return await orders.renewal_info(certificate_id)
+
+    @activity.defn(name="deactivate_authorizations")
+    async def deactivate_authorizations(self, order_url: str) -> None:
+        """Deactivate the order's authorizations still pending or valid (best effort)."""
+        try:
+            await self._serving(order_url).deactivate_authorizations(order_url)
+        except CertflowError as err:
+            raise to_application_error(err) from None
+
+    @activity.defn(name="revoke_certificate")
+    async def revoke_certificate(self, certificate_id: str) -> None:
+        """Revoke the current certificate at the CA that issued it (already revoked
+        is success)."""
+        try:
+            orders = self._at(await certificates.certificate_issuer(self._pool, certificate_id))
+            await orders.revoke_certificate(certificate_id)
         except CertflowError as err:
             raise to_application_error(err) from None

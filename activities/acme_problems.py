@@ -237,6 +237,8 @@ REFUSALS: Mapping[str, Refusal] = {
     "unsupportedidentifier": _REJECTED,
     "badcsr": _REJECTED,
     "invalidprofile": _REJECTED,
+    # RFC 8555 §7.3.4: the CA registers no account without External Account Binding
+    "externalaccountrequired": _REJECTED,
     # CAA forbids the CA (va/caa.go, or ra/ra.go's recheck at finalize)
     "caa": _CAA,
     # a failed validation (va/va.go detailedError, va/http.go); a top-level

@@ -43,7 +43,8 @@ from certflow.errors import ConfigError, DnsCheckError, ErrorCode, to_applicatio
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.metrics import CertflowMetrics
 from certflow.tracing import step_span
-from certflow.models import CheckDnsInput
+from certflow.issuers import DEFAULT_ISSUER
+from certflow.models import CheckDnsInput, DnsVerdict
 
 __all__ = [
     "CNAME_MAX_LOOKUPS",
@@ -565,6 +566,39 @@ async def check_caa(
     return verdict
 
 
+async def allowed_issuers(
+    hostname: str, issuers: Sequence[tuple[str, CaaIssuer]], lookup: CaaLookup
+) -> tuple[list[str], str]:
+    """The names of the ``issuers`` (name, CA) that CAA lets issue for ``hostname``,
+    in the order given, and the reason for the first; one CAA set decides for all.
+
+    Raises ``DnsCheckError(DNS_CAA)`` when CAA allows none of them, naming the
+    issuer domains it would have to allow, and ``DnsCheckError(ACME_TEMPORARY)``
+    when a lookup fails.
+    """
+    expected = ", ".join(_unique(d for _, issuer in issuers for d in issuer.domains))
+    try:
+        found = await find_caa_set(hostname, lookup)
+    except DnsCheckError as err:
+        err.expected = expected
+        raise
+    verdicts = [(name, caa_allows(found, issuer)) for name, issuer in issuers]
+    allowed = [name for name, verdict in verdicts if verdict.allowed]
+    if allowed:
+        first = next(verdict for name, verdict in verdicts if name == allowed[0])
+        return allowed, first.reason
+    assert found is not None  # no set at all permits every CA
+    reason = verdicts[0][1].reason
+    if len(issuers) > 1:
+        reason += f"; none of our CAs is allowed: CAA would have to allow one of {expected}"
+    raise DnsCheckError(
+        ErrorCode.DNS_CAA,
+        reason,
+        found=[r.to_text() for r in found.records],
+        expected=expected,
+    )
+
+
 async def follow_cname_chain(hostname: str, target: str, lookup: CnameLookup) -> None:
     """Raise ``DnsCheckError(DNS_CNAME)`` unless ``hostname`` aliases ``target``.
 
@@ -759,6 +793,9 @@ class DnsChecker:
     caa_issuer_domain: str
     timeout: float = DNS_TIMEOUT_SECONDS
     account_uri: str | None = None
+    issuers: tuple[tuple[str, CaaIssuer], ...] = ()
+    """Every configured CA as (issuer name, CA as CAA sees it), in order of
+    preference; empty: the one CA of ``caa_issuer_domain`` and ``account_uri``."""
 
     def __post_init__(self) -> None:
         parse_resolver_address(self.resolver)
@@ -784,14 +821,23 @@ class DnsChecker:
         """The CA as CAA sees it: ``caa_issuer_domain`` and ``account_uri``."""
         return CaaIssuer((self.caa_issuer_domain,), self.account_uri)
 
-    async def check(self, hostname: str) -> None:
-        """Run the CNAME check, then the CAA check, for ``hostname``.
+    @property
+    def caa_issuers(self) -> tuple[tuple[str, CaaIssuer], ...]:
+        """Every CA CAA is judged for, by issuer name, in order of preference."""
+        return self.issuers or ((DEFAULT_ISSUER, self.caa_issuer),)
+
+    async def check(self, hostname: str) -> list[str]:
+        """Run the CNAME check, then the CAA check, for ``hostname``; the names of
+        the issuers CAA allows, in order of preference.
 
         Raises ``DnsCheckError`` (DNS_CNAME, DNS_CAA or ACME_TEMPORARY), or
         ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
         """
         await self.check_cname(hostname)
-        await self.check_caa(hostname)
+        allowed, _ = await allowed_issuers(
+            normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
+        )
+        return allowed
 
     async def check_cname(self, hostname: str) -> str:
         """The CNAME check alone; what was found when it passes."""
@@ -800,9 +846,13 @@ class DnsChecker:
         return f"{host} aliases {self.cname_target}"
 
     async def check_caa(self, hostname: str) -> str:
-        """The CAA check alone; the verdict's reason when it allows us."""
-        verdict = await check_caa(normalize_hostname(hostname), self.caa_issuer, self.lookup_caa)
-        return verdict.reason
+        """The CAA check alone; the verdict's reason when it allows one of our CAs."""
+        allowed, reason = await allowed_issuers(
+            normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
+        )
+        if len(self.caa_issuers) > 1:
+            reason += f" (issuers allowed: {', '.join(allowed)})"
+        return reason
 
     async def lookup_cname(self, name: str) -> list[CnameAnswer]:
         """The CNAME records in the resolver's answer for ``name`` (any owner)."""
@@ -838,14 +888,16 @@ class DnsActivities:
         self._metrics = metrics or CertflowMetrics()
 
     @activity.defn(name="check_dns")
-    async def check_dns(self, input: CheckDnsInput) -> None:
-        """CNAME then CAA; a typed DNS_CNAME / DNS_CAA / ACME_TEMPORARY error otherwise."""
+    async def check_dns(self, input: CheckDnsInput) -> DnsVerdict:
+        """CNAME then CAA: the issuers CAA allows, or a typed DNS_CNAME / DNS_CAA /
+        ACME_TEMPORARY error."""
         started = time.monotonic()
         try:
             with step_span("dns_check", **{"certificate.hostname": input.hostname}):
-                await self._checker.check(input.hostname)
+                allowed = await self._checker.check(input.hostname)
         except DnsCheckError as err:
             dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
             self._metrics.step("dns_check", "dns_error" if dns else "error", started)
             raise to_application_error(err) from None
         self._metrics.step("dns_check", "ok", started)
+        return DnsVerdict(allowed_issuers=allowed)

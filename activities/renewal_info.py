@@ -11,6 +11,7 @@ certificate's workflow sleeps to its renewal time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
@@ -83,24 +84,23 @@ class RenewalInfoSweep:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        clients: AcmeClients,
+        issuers: AcmeClients | Sequence[AcmeClients],
         executor: ThreadPoolExecutor,
         client: Client,
         requests_per_second: float = 20.0,
     ) -> None:
         self._pool = pool
-        self._clients = clients
+        self._issuers = [issuers] if isinstance(issuers, AcmeClients) else list(issuers)
         self._executor = executor
         self._client = client
         self._pacer = PollPacer(requests_per_second)
 
     @activity.defn(name="sweep_renewal_info")
     async def sweep_renewal_info(self) -> RenewalInfoSweepResult:
-        """Ask the CA about each certificate whose next check is due; store the
+        """Ask the CA that issued each certificate whose next check is due; store the
         answers; signal the workflows whose window moved."""
-        base_url = self._clients.account.directory_json.get("renewalInfo")
-        if not base_url:
-            return RenewalInfoSweepResult()  # the CA has no ARI: the lifetime rule holds
+        if not any(c.account.directory_json.get("renewalInfo") for c in self._issuers):
+            return RenewalInfoSweepResult()  # no CA has ARI: the lifetime rule holds
         asked = moved = 0
         slots = asyncio.Semaphore(CONCURRENCY)
         while True:
@@ -109,12 +109,15 @@ class RenewalInfoSweep:
                 break
 
             async def one(row: RenewalInfoRow) -> tuple[RenewalInfoRow, RenewalAdvice]:
-                url = renewal_info_url(str(base_url), row.leaf_pem)
-                if url is None:
+                clients = self._issuer_of(row)
+                base_url = clients.account.directory_json.get("renewalInfo") if clients else None
+                url = renewal_info_url(str(base_url), row.leaf_pem) if base_url else None
+                if clients is None or url is None:
+                    # That CA has no ARI (or is no longer configured): the lifetime rule.
                     return row, RenewalAdvice(recheck_after_seconds=MAX_RECHECK)
                 async with slots:
                     await self._pacer.acquire()
-                    return row, await fetch_renewal_info(self._clients, self._executor, url)
+                    return row, await fetch_renewal_info(clients, self._executor, url)
 
             answers = await asyncio.gather(*(one(r) for r in due))
             asked += len(answers)
@@ -133,6 +136,11 @@ class RenewalInfoSweep:
             if len(due) < PAGE:
                 break
         return RenewalInfoSweepResult(asked=asked, moved=moved)
+
+    def _issuer_of(self, row: RenewalInfoRow) -> AcmeClients | None:
+        if row.issuer is None:
+            return self._issuers[0]
+        return next((c for c in self._issuers if c.issuer.name == row.issuer), None)
 
     async def _signal(self, row: RenewalInfoRow, advice: RenewalAdvice) -> None:
         assert advice.window_start is not None and advice.window_end is not None

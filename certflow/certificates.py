@@ -29,6 +29,7 @@ _RECORD_COLUMNS = """
     c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
     c.http_challenge_url AS challenge_url, c.ssl_not_before AS not_before,
     c.ssl_expires_at AS expires_at, c.ari_window_start, c.ari_window_end, c.ssl_serial AS serial,
+    c.ssl_issuer AS issuer, c.order_issuer,
     CASE
         WHEN $2::text IS NULL THEN false
         WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
@@ -169,6 +170,7 @@ async def store_issued(
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
+                ssl_issuer = order_issuer,
                 ari_window_start = $8, ari_window_end = $9,
                 ari_next_check_at = coalesce($10, now()),
                 ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
@@ -308,7 +310,8 @@ async def request_certificates(
 _STATE_COLUMNS = """
     hostname::text AS hostname, tenant_id, status,
     provisioning_error AS error_code, provisioning_error_message AS error_message,
-    ssl_retry_count AS retry_count, ssl_serial AS serial, ssl_expires_at AS expires_at
+    ssl_retry_count AS retry_count, ssl_serial AS serial, ssl_expires_at AS expires_at,
+    ssl_issuer AS issuer, order_issuer
 """
 
 
@@ -413,6 +416,8 @@ class RenewalInfoRow:
     leaf_pem: str
     window_start: datetime | None
     window_end: datetime | None
+    issuer: str | None = None
+    """The CA that issued it, whose ARI is asked (None: the first configured)."""
 
 
 async def renewal_info_due(pool: asyncpg.Pool, limit: int) -> list[RenewalInfoRow]:
@@ -421,7 +426,7 @@ async def renewal_info_due(pool: asyncpg.Pool, limit: int) -> list[RenewalInfoRo
         """
         SELECT id::text AS certificate_id, hostname::text AS hostname, ssl_serial AS serial,
                ssl_certificate AS leaf_pem, ari_window_start AS window_start,
-               ari_window_end AS window_end
+               ari_window_end AS window_end, ssl_issuer AS issuer
         FROM certificates
         WHERE status = 'ACTIVE' AND ari_next_check_at IS NOT NULL AND ari_next_check_at <= now()
         ORDER BY ari_next_check_at
@@ -465,6 +470,50 @@ async def order_kind(pool: asyncpg.Pool, hostname: str) -> OrderKind:
         "SELECT ssl_certificate IS NOT NULL FROM certificates WHERE hostname = $1", hostname
     )
     return OrderKind.RENEWAL if renewal else OrderKind.NEW
+
+
+@dataclass(frozen=True)
+class AttemptIssuer:
+    """Whom the attempt under way orders from, and whether it renews a certificate
+    of that same CA (None: the first configured issuer)."""
+
+    order_issuer: str | None
+    certificate_issuer: str | None
+    has_certificate: bool
+
+
+async def attempt_issuer(pool: asyncpg.Pool, hostname: str) -> AttemptIssuer:
+    row = await pool.fetchrow(
+        "SELECT order_issuer, ssl_issuer, ssl_certificate IS NOT NULL AS has_certificate"
+        " FROM certificates WHERE hostname = $1",
+        hostname,
+    )
+    if row is None:
+        return AttemptIssuer(None, None, False)
+    return AttemptIssuer(row["order_issuer"], row["ssl_issuer"], bool(row["has_certificate"]))
+
+
+async def choose_issuer(
+    pool: asyncpg.Pool, certificate_id: str, issuer: str, reason: str | None
+) -> None:
+    """Record the attempt's issuer (an event when it changes with a reason)."""
+    await pool.execute(
+        """
+        UPDATE certificates SET order_issuer = $2, order_issuer_reason = $3, updated_at = now()
+        WHERE id = $1::uuid AND order_issuer IS DISTINCT FROM $2
+        """,
+        certificate_id,
+        issuer,
+        reason,
+    )
+
+
+async def certificate_issuer(pool: asyncpg.Pool, certificate_id: str) -> str | None:
+    """The issuer of the current certificate (None: the first configured)."""
+    value = await pool.fetchval(
+        "SELECT ssl_issuer FROM certificates WHERE id = $1::uuid", certificate_id
+    )
+    return str(value) if value is not None else None
 
 
 async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> str | None:

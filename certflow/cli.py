@@ -102,6 +102,9 @@ async def status(args: argparse.Namespace) -> int:
         print_table([report], [report.hostname])
         if report.phase:
             print(f"phase: {report.phase}")
+        if report.issuer or report.order_issuer:
+            attempt = report.order_issuer if report.order_issuer != report.issuer else None
+            print(f"issuer: {report.issuer or '-'}" + (f" (attempt at {attempt})" if attempt else ""))
     return 0
 
 

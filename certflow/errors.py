@@ -117,6 +117,9 @@ class AcmeProblemError(CertflowError):
     paused: bool = False
     unpause_url: str | None = None
     replaces_refused: bool = False
+    unreachable: bool = False
+    """No answer from the CA at all (connection refused or reset, timeout, a bare
+    502/503/504): counts toward falling back to another issuer."""
 
     def details(self) -> dict[str, Any]:
         return {
@@ -132,6 +135,7 @@ class AcmeProblemError(CertflowError):
             "paused": self.paused,
             "unpause_url": self.unpause_url,
             "replaces_refused": self.replaces_refused,
+            "unreachable": self.unreachable,
         }
 
     @property

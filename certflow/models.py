@@ -104,6 +104,10 @@ class CarriedWaits(Frozen):
     """``expiring_soon`` was sent for this certificate."""
     ari_renewal: bool = False
     """The renewal under way started because the CA's ARI window came."""
+    passed_over: dict[str, str] = {}
+    """Issuers this certificate fell back from, with why (cooldown, budget, down)."""
+    unreachable_since: datetime | None = None
+    """Since when the attempt's issuer has been unreachable, while it is."""
 
 
 class ProvisioningPolicy(Frozen):
@@ -123,6 +127,11 @@ class ProvisioningPolicy(Frozen):
     """Whether the worker registered certflow's search attributes (see certflow.search)."""
     http01_self_check: bool = True
     """Fetch the challenge as the CA would before accepting it (SPEC §3.1)."""
+    issuers: list[str] = []
+    """The configured issuers' names, in order of preference (empty in histories
+    from before issuers: then every step goes to the one CA there was)."""
+    issuer_fallback_cooldown_seconds: float = 3600.0
+    issuer_fallback_unreachable_seconds: float = 3600.0
 
 
 class CertificateRecord(Frozen):
@@ -145,6 +154,10 @@ class CertificateRecord(Frozen):
     """The CA's suggested renewal window (RFC 9773), as the renewal-info sweep read it."""
     serial: str | None = None
     """The current certificate's serial (a window is for one certificate)."""
+    issuer: str | None = None
+    """The issuer of the current certificate (None: the first configured)."""
+    order_issuer: str | None = None
+    """The issuer of the attempt under way, and of the open order when there is one."""
 
     @property
     def ari_window(self) -> tuple[datetime, datetime] | None:
@@ -167,6 +180,13 @@ class CheckDnsInput(Frozen):
     hostname: str
 
 
+class DnsVerdict(Frozen):
+    """What check_dns found: the issuers CAA lets issue, in order of preference
+    (check_dns in histories from before issuers returned nothing)."""
+
+    allowed_issuers: list[str]
+
+
 class CreateOrderInput(Frozen):
     hostname: str
 
@@ -177,6 +197,10 @@ class PlaceOrderInput(Frozen):
     kind: OrderKind = OrderKind.NEW
     """How the CA counts this order against its limits: a renewal (an ARI renewal
     inside its window) is exempt from some cooldowns, and names what it replaces."""
+    issuer: str | None = None
+    """The CA to order from (None: the first configured)."""
+    issuer_reason: str | None = None
+    """Why this issuer, when it is not the first choice (recorded as an event)."""
 
 
 class OpenedOrder(Frozen):
@@ -232,6 +256,7 @@ class PersistChallengeInput(Frozen):
 
 class AcceptChallengeInput(Frozen):
     challenge_url: str
+    issuer: str | None = None
 
 
 class WaitForOrderInput(Frozen):
@@ -240,6 +265,8 @@ class WaitForOrderInput(Frozen):
     within_seconds: float
     accept_first: bool = False
     """Ask the CA to validate the challenge before polling (after place_order)."""
+    issuer: str | None = None
+    """The CA of the order (None: the first configured)."""
 
 
 class OrderProgress(Frozen):
@@ -253,6 +280,8 @@ class FinalizeInput(Frozen):
     certificate_id: str
     hostname: str
     order_url: str
+    issuer: str | None = None
+    """The CA of the order (None: the first configured)."""
 
 
 class IssuedCertificate(Frozen):
@@ -370,6 +399,10 @@ class CertificateState(Frozen):
     workflow_id: str | None = None
     cooldown_until: datetime | None = None
     """When a CA rate limit holds the certificate back, until when."""
+    issuer: str | None = None
+    """The CA of the current certificate."""
+    order_issuer: str | None = None
+    """The CA of the attempt under way (differs from ``issuer`` after a fallback)."""
     cooldowns: list[Cooldown] = []
     """The rate-limit cooldowns that hold it back (its own, its registered
     domain's, the account's), longest first."""
@@ -437,3 +470,7 @@ class WebhookEvent(Frozen):
     serial: str | None = None
     expires_at: datetime | None = None
     occurred_at: datetime
+    issuer: str | None = None
+    """The CA of the certificate (issued, renewed) or of the attempt (failed)."""
+    issuer_fallback: str | None = None
+    """Why the certificate came from another CA than the first choice."""

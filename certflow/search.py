@@ -24,6 +24,8 @@ STATUS = SearchAttributeKey.for_keyword("CertificateStatus")
 ERROR_CODE = SearchAttributeKey.for_keyword("CertificateErrorCode")
 EXPIRES_AT = SearchAttributeKey.for_datetime("CertificateExpiresAt")
 TENANT = SearchAttributeKey.for_keyword("TenantId")
+ISSUER = SearchAttributeKey.for_keyword("CertificateIssuer")
+"""The CA of the current certificate, else of the attempt under way."""
 
 _TYPES = {
     HOSTNAME.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
@@ -31,6 +33,7 @@ _TYPES = {
     ERROR_CODE.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     EXPIRES_AT.name: IndexedValueType.INDEXED_VALUE_TYPE_DATETIME,
     TENANT.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    ISSUER.name: IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
 }
 
 

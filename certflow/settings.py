@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from certflow.errors import ConfigError
+from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
 from certflow.models import ProvisioningPolicy
 
 ENV_PREFIX = "CERTFLOW_"
@@ -132,7 +133,10 @@ class KeySettings(ClientSettings):
 class Settings(KeySettings):
     """Everything the worker is configured with."""
 
-    acme_directory_url: str
+    issuers: str | None = None
+    """JSON list of the CAs to order from, in order of preference (certflow.issuers);
+    without it the ``ACME_*`` and ``CAA_ISSUER_DOMAIN`` settings make one issuer."""
+    acme_directory_url: str | None = None
     acme_email: str | None = None
     acme_ca_bundle: Path | None = None
     acme_key_type: KeyType = KeyType.EC256
@@ -169,8 +173,13 @@ class Settings(KeySettings):
     # The HTTP-01 self-check before accept (off: the worker cannot reach its own edge).
     http01_self_check: bool = True
     http01_self_check_port: int = Field(default=80, ge=1, le=65535)
+    # Fallback to the next issuer CAA allows (certflow.issuers).
+    issuer_fallback_cooldown_seconds: float = Field(default=3600.0, gt=0)
+    """A rate-limit cooldown longer than this at the chosen CA sends the order elsewhere."""
+    issuer_fallback_unreachable_seconds: float = Field(default=3600.0, gt=0)
+    """So does the chosen CA being unreachable for longer than this."""
 
-    @field_validator("acme_directory_url", "cname_target")
+    @field_validator("cname_target")
     @classmethod
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
@@ -179,7 +188,12 @@ class Settings(KeySettings):
 
     @field_validator("acme_directory_url")
     @classmethod
-    def _https_url(cls, value: str) -> str:
+    def _https_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be empty")
         if not value.startswith(("https://", "http://")):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
         return value
@@ -187,15 +201,45 @@ class Settings(KeySettings):
     @field_validator("acme_ca_bundle")
     @classmethod
     def _readable_bundle(cls, value: Path | None) -> Path | None:
-        if value is None:
+        return readable_ca_bundle(value)
+
+    @field_validator("issuers")
+    @classmethod
+    def _issuers(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
             return None
-        try:
-            text = value.read_text()
-        except OSError as err:
-            raise ValueError(f"cannot read {str(value)!r}: {err.strerror}") from None
-        if "-----BEGIN CERTIFICATE-----" not in text:
-            raise ValueError(f"{str(value)!r} holds no PEM certificate")
+        parse_issuers(value)
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_the_ca(self) -> Settings:
+        if self.issuers is None and self.acme_directory_url is None:
+            raise ValueError(
+                "acme_directory_url: is not set (or list the CAs in CERTFLOW_ISSUERS)"
+            )
+        if self.issuers is not None and self.acme_directory_url is not None:
+            raise ValueError(
+                "acme_directory_url: is set with CERTFLOW_ISSUERS; name the CAs in one of them"
+            )
+        return self
+
+    @property
+    def issuer_list(self) -> Issuers:
+        """The CAs to order from, in order of preference."""
+        if self.issuers is not None:
+            return Issuers(items=parse_issuers(self.issuers))
+        assert self.acme_directory_url is not None
+        return Issuers(
+            items=(
+                Issuer(
+                    name=DEFAULT_ISSUER,
+                    directory_url=self.acme_directory_url,
+                    caa_domains=(self.caa_issuer_domain,),
+                    ca_bundle=self.acme_ca_bundle,
+                    profile=self.acme_profile,
+                ),
+            )
+        )
 
     @field_validator("dns_resolver", "http01_listen", "metrics_listen")
     @classmethod
@@ -245,6 +289,9 @@ class Settings(KeySettings):
             webhooks=self.webhook_url is not None,
             expiring_soon_days=self.expiring_soon_days,
             http01_self_check=self.http01_self_check,
+            issuers=self.issuer_list.names,
+            issuer_fallback_cooldown_seconds=self.issuer_fallback_cooldown_seconds,
+            issuer_fallback_unreachable_seconds=self.issuer_fallback_unreachable_seconds,
         )
 
 

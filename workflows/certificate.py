@@ -46,11 +46,13 @@ with workflow.unsafe.imports_passed_through():
         CheckDnsInput,
         CreateOrderInput,
         DeleteRequest,
+        DnsVerdict,
         EnsureCertificateInput,
         FinalizeInput,
         Http01CheckInput,
         IssuedCertificate,
         OpenedOrder,
+        Outcome,
         PersistChallengeInput,
         OrderKind,
         Phase,
@@ -67,10 +69,14 @@ with workflow.unsafe.imports_passed_through():
         RECHECK_CODES,
         retries_automatically,
         certificate_fraction,
+        choose_issuer,
         cooldown_spread,
         decide_outcome,
         dns_recheck_delay,
         failure_backoff,
+        fallback_issuers,
+        fallback_outcome,
+        issuer_reason,
         order_poll_delay,
         renewal_time,
         spread_renewal_time,
@@ -139,6 +145,14 @@ class CertificateWorkflow:
         """The renewal under way started because the CA's ARI window came."""
         self._warned_expiring = waits.warned_expiring
         self._dns_failures = waits.dns_failures
+        # The issuer (CA) of the attempt: chosen from those CAA allows, falling back
+        # from one that cannot issue (histories from before issuers: None throughout).
+        self._issuer: str | None = None
+        self._issuer_reason: str | None = None
+        self._allowed: list[str] = []
+        self._passed_over: dict[str, str] = dict(waits.passed_over)
+        self._unreachable_since: datetime | None = waits.unreachable_since
+        self._fell_back = False
         self._window_moved = False
         self._after_issuance = False
         """This run follows an issuance: started by code that has every patch, and with
@@ -223,6 +237,7 @@ class CertificateWorkflow:
                     # the sweep finds it and signals).
                     "ari_window_start": issued.ari_window_start,
                     "ari_window_end": issued.ari_window_end,
+                    "issuer": self._issuer,
                 }
             ))
             self._enter(Phase.ISSUED)
@@ -240,10 +255,16 @@ class CertificateWorkflow:
             accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
             self_check = False
             if order_url is None:
+                allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
                 if not record.skips_dns:
                     self._enter(Phase.CHECKING_DNS)
-                    await run(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname))
+                    verdict: DnsVerdict | None = await run(
+                        DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname)
+                    )
+                    if verdict is not None:  # None in histories from before issuers
+                        allowed = verdict.allowed_issuers
                     self._check_stop()
+                self._choose_issuer(record, allowed, policy)
                 self._enter(Phase.CREATING_ORDER)
                 accept_first = workflow.patched(PLACE_ORDER_PATCH)
                 if accept_first:
@@ -254,6 +275,8 @@ class CertificateWorkflow:
                             certificate_id=record.certificate_id,
                             hostname=record.hostname,
                             kind=self._order_kind(record),
+                            issuer=self._issuer,
+                            issuer_reason=self._issuer_reason,
                         ),
                     )
                 else:
@@ -267,6 +290,7 @@ class CertificateWorkflow:
                         "status": record.status if renewal else CertificateStatus.PROVISIONING,
                         "error_code": None,
                         "error_message": None,
+                        "order_issuer": self._issuer,
                     }
                 )
                 self._set_record(record)
@@ -277,10 +301,12 @@ class CertificateWorkflow:
                     await run(
                         CA,
                         AcmeActivities.accept_challenge,
-                        AcceptChallengeInput(challenge_url=challenge_url),
+                        AcceptChallengeInput(challenge_url=challenge_url, issuer=self._issuer),
                     )
-            elif record.error_code is ErrorCode.HTTP01_UNREACHABLE:
-                self_check = accept_first = True  # kept when its self-check failed: never accepted
+            else:
+                self._issuer = record.order_issuer  # the kept order's CA
+                if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
+                    self_check = accept_first = True  # kept when its self-check failed: never accepted
             if (
                 self_check
                 and policy.http01_self_check
@@ -303,6 +329,7 @@ class CertificateWorkflow:
                     certificate_id=record.certificate_id,
                     hostname=record.hostname,
                     order_url=order_url,
+                    issuer=self._issuer,
                 ),
             )
         except ActivityError as err:
@@ -310,10 +337,32 @@ class CertificateWorkflow:
                 raise _Stopped() from None
             raise failure_of(err) from None
 
+    def _choose_issuer(
+        self, record: CertificateRecord, allowed: list[str], policy: ProvisioningPolicy
+    ) -> None:
+        """The attempt's issuer: the first CAA allows that was not fallen back from; a
+        renewal prefers the CA of its certificate (``replaces`` only applies there)."""
+        renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+        preferred = self._named(record.issuer) if renewal else None
+        self._allowed = allowed
+        self._issuer = choose_issuer(allowed, preferred, self._passed_over)
+        self._issuer_reason = issuer_reason(
+            self._issuer, policy.issuers, allowed, self._passed_over, preferred
+        )
+
+    def _named(self, issuer: str | None) -> str | None:
+        """An issuer as rows name it: None is the first configured."""
+        if issuer is None and self._policy.issuers:
+            return self._policy.issuers[0]
+        return issuer
+
     def _order_kind(self, record: CertificateRecord) -> OrderKind:
         """How the CA counts this order: a renewal of the certificate in place is
-        exempt from some limits, an ARI renewal from nearly all (SPEC §4)."""
+        exempt from some limits, an ARI renewal from nearly all (SPEC §4); at another
+        CA than the certificate's it is a new order there."""
         if record.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
+            return OrderKind.NEW
+        if self._issuer is not None and self._named(record.issuer) != self._issuer:
             return OrderKind.NEW
         window = record.ari_window
         in_window = window is not None and window[0] <= workflow.now() <= window[1]
@@ -352,6 +401,7 @@ class CertificateWorkflow:
                     challenge_url=challenge_url,
                     within_seconds=policy.order_fast_poll_seconds,
                     accept_first=accept_first and attempt == 0,
+                    issuer=self._issuer,
                 ),
             )
             if progress.status in ISSUABLE:
@@ -371,6 +421,9 @@ class CertificateWorkflow:
             failure.code,
             policy.max_failures,
         )
+        reason = self._fallback_reason(failure, outcome, policy)
+        if reason is not None and self._fall_back(reason):
+            outcome = fallback_outcome(record.status, failure.code)
         applied = await run(
             POSTGRES,
             RecordActivities.record_failure,
@@ -393,6 +446,44 @@ class CertificateWorkflow:
             await self._notify("failed")
         return applied
 
+    def _fallback_reason(
+        self, failure: AttemptFailed, outcome: Outcome, policy: ProvisioningPolicy
+    ) -> str | None:
+        """Why the attempt's issuer cannot issue now, when it is a reason to try the
+        next one: a long cooldown, the failure budget spent, or no answer for long."""
+        issuer, now = self._issuer, workflow.now()
+        if issuer is None:
+            return None
+        if not failure.unreachable:
+            self._unreachable_since = None
+        elif self._unreachable_since is None:
+            self._unreachable_since = now
+        detail = failure.message[:300]
+        if failure.code is ErrorCode.ACME_RATE_LIMITED:
+            seconds = failure.retry_after or 0.0
+            if seconds > policy.issuer_fallback_cooldown_seconds:
+                until = now + timedelta(seconds=seconds)
+                return f"{issuer}, rate-limited until {until:%Y-%m-%d %H:%M} UTC: {detail}"
+        if self._unreachable_since is not None:
+            down = (now - self._unreachable_since).total_seconds()
+            if down >= policy.issuer_fallback_unreachable_seconds:
+                return f"{issuer}, unreachable since {self._unreachable_since:%Y-%m-%d %H:%M} UTC"
+        if outcome.status is CertificateStatus.FAILED:
+            return f"{issuer}, {failure.code} after {outcome.retry_count} attempts: {detail}"
+        return None
+
+    def _fall_back(self, reason: str) -> bool:
+        """Pass over the attempt's issuer (the next attempt goes, at once, to the next
+        one CAA allows) when there is another; False when there is none."""
+        if self._issuer is None or not fallback_issuers(
+            self._allowed, self._issuer, self._passed_over
+        ):
+            return False
+        self._passed_over = {**self._passed_over, self._issuer: reason}
+        self._unreachable_since = None
+        self._fell_back = True
+        return True
+
     async def _follow_moved_row(self, renewal: bool) -> bool:
         """The row left the attempt's status without this run, most often because an
         earlier try of finalize_and_store stored the certificate and its result was
@@ -412,6 +503,9 @@ class CertificateWorkflow:
         self, failure: AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
     ) -> None:
         record = self._record
+        if self._fell_back:
+            self._fell_back = False
+            return  # the next issuer is tried at once
         if record.status is CertificateStatus.FAILED:
             return
         if failure.code is ErrorCode.ACME_RATE_LIMITED:
@@ -486,6 +580,8 @@ class CertificateWorkflow:
                 serial=serial,
                 expires_at=record.expires_at,
                 occurred_at=workflow.now(),
+                issuer=self._issuer or record.issuer,
+                issuer_fallback=self._issuer_reason,
             ),
             id=webhook_workflow_id(record.hostname, event_id),
             parent_close_policy=ParentClosePolicy.ABANDON,
@@ -702,6 +798,9 @@ class CertificateWorkflow:
             ]
             if record.tenant_id:
                 updates.append(search.TENANT.value_set(record.tenant_id))
+            issuer = self._shown_issuer(record)
+            if issuer is not None:  # never set by histories from before issuers
+                updates.append(search.ISSUER.value_set(issuer))
             shown = self._shown(record)
             if shown != self._published:
                 self._published = shown
@@ -716,9 +815,20 @@ class CertificateWorkflow:
         workflow.set_current_details("\n\n".join(details))
 
     @staticmethod
-    def _shown(record: CertificateRecord) -> tuple[object, ...]:
+    def _shown_issuer(record: CertificateRecord) -> str | None:
+        """The CA shown: the current certificate's once ACTIVE, else the attempt's."""
+        if record.status is CertificateStatus.ACTIVE:
+            return record.issuer
+        return record.order_issuer or record.issuer
+
+    @classmethod
+    def _shown(cls, record: CertificateRecord) -> tuple[object, ...]:
         """What the search attributes show of a record."""
-        return (record.status, record.error_code, record.expires_at, record.tenant_id)
+        shown: tuple[object, ...] = (
+            record.status, record.error_code, record.expires_at, record.tenant_id
+        )
+        issuer = cls._shown_issuer(record)
+        return shown if issuer is None else (*shown, issuer)
 
     def _next_run_input(
         self, *, carry_waits: bool = False, after_issuance: bool = False
@@ -733,6 +843,8 @@ class CertificateWorkflow:
                 dns_failures=self._dns_failures,
                 warned_expiring=self._warned_expiring,
                 ari_renewal=self._ari_renewal,
+                passed_over=self._passed_over,
+                unreachable_since=self._unreachable_since,
             )
         return CertificateInput(
             hostname=record.hostname,
@@ -789,6 +901,8 @@ class CertificateWorkflow:
             retry_count=record.retry_count,
             next_attempt_at=self._next_attempt_at,
             expires_at=record.expires_at,
+            issuer=record.issuer,
+            order_issuer=record.order_issuer,
         )
 
     @workflow.query(name="status")

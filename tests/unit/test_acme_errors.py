@@ -48,6 +48,7 @@ def test_retry_after_forms() -> None:
         (_problem("urn:ietf:params:acme:error:unsupportedIdentifier", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:badCSR", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:invalidProfile", 400), ErrorCode.ACME_REJECTED),
+        (_problem("urn:ietf:params:acme:error:externalAccountRequired", 401), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:caa", 403), ErrorCode.DNS_CAA),
         (_problem("urn:ietf:params:acme:error:alreadyReplaced", 409), ErrorCode.ACME_INVALID_ORDER),
         (_problem("urn:ietf:params:acme:error:badNonce", 400), ErrorCode.ACME_TEMPORARY),
@@ -58,6 +59,25 @@ def test_retry_after_forms() -> None:
 )
 def test_classification(exc: Exception, code: ErrorCode) -> None:
     assert classify_acme_failure(exc).code is code
+
+
+@pytest.mark.parametrize(
+    ("exc", "unreachable"),
+    [
+        (requests.ConnectionError("refused"), True),
+        (requests.Timeout("read timed out"), True),
+        (HttpStatusError(502, None, "bad gateway"), True),
+        (HttpStatusError(504, None, "gateway timeout"), True),
+        (HttpStatusError(503, None, "busy"), True),
+        (HttpStatusError(503, "30", "busy"), False),  # the CA answered: a rate limit
+        (HttpStatusError(500, None, "oops"), False),  # the CA answered, wrongly
+        (_problem("urn:ietf:params:acme:error:serverInternal", 500), False),
+        (_problem("urn:ietf:params:acme:error:badNonce", 400), False),
+    ],
+)
+def test_unreachable_is_no_answer_at_all(exc: Exception, unreachable: bool) -> None:
+    """What counts toward falling back to another issuer after the unreachable setting."""
+    assert classify_acme_failure(exc).unreachable is unreachable
 
 
 def test_rate_limit_carries_its_data() -> None:

@@ -55,6 +55,7 @@ from certflow.models import (
     CertificateStatus,
     CheckDnsInput,
     CreateOrderInput,
+    DnsVerdict,
     EnsureCertificateInput,
     EnsureCertificateResult,
     FinalizeInput,
@@ -180,6 +181,8 @@ class Row:
     """The CA's window as the renewal-info sweep stored it."""
     serial: str | None = None
     deleted: bool = False
+    issuer: str | None = None
+    order_issuer: str | None = None
 
     def record(self) -> CertificateRecord:
         return CertificateRecord(
@@ -198,6 +201,8 @@ class Row:
             serial=self.serial,
             ari_window_start=self.ari_window[0] if self.ari_window else None,
             ari_window_end=self.ari_window[1] if self.ari_window else None,
+            issuer=self.issuer,
+            order_issuer=self.order_issuer,
         )
 
     def clear_order(self) -> None:
@@ -325,8 +330,12 @@ class Fakes:
             return EnsureCertificateResult(record=row.record(), policy=self.policy)
 
         @activity.defn(name="check_dns")
-        async def check_dns(input: CheckDnsInput) -> None:
-            await self._enter("check_dns", input)
+        async def check_dns(input: CheckDnsInput) -> DnsVerdict | None:
+            result, _ = await self._enter("check_dns", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            # What CAA allows: every configured issuer (None: no issuers configured).
+            return DnsVerdict(allowed_issuers=self.policy.issuers) if self.policy.issuers else None
 
         @activity.defn(name="check_http01")
         async def check_http01(input: Http01CheckInput) -> None:
@@ -334,6 +343,8 @@ class Fakes:
 
         @activity.defn(name="place_order")
         async def place_order(input: PlaceOrderInput) -> OpenedOrder:
+            if input.issuer is not None and row.order_url is None:
+                row.order_issuer = input.issuer  # recorded before anything is sent
             result, _ = await self._enter("place_order", input)
             if result is not DEFAULT:
                 return result  # type: ignore[no-any-return]
@@ -425,6 +436,7 @@ class Fakes:
             row.retry_count = 0
             row.error_code = row.error_message = None
             row.ari_window = window  # without one, the sweep's to find
+            row.issuer = row.order_issuer
             row.clear_order()
             return issued
 
