@@ -13,6 +13,7 @@ from acme import messages
 from cryptography.hazmat.primitives.asymmetric import ec
 from josepy.b64 import b64decode
 from josepy.jwk import JWKEC
+from pydantic import SecretStr
 
 from activities.acme_client import external_account_binding
 from activities.dns_checks import CaaAnswerSet, CaaAnswer, CaaIssuer, CaaRecord, CnameAnswer, allowed_issuers
@@ -150,7 +151,7 @@ def test_external_account_binding_is_the_rfc_8555_jws() -> None:
     the CA's MAC key (computed here independently of josepy)."""
     mac_key = b"\x8c" * 32
     eab = ExternalAccountBinding(
-        kid="kid-1", hmac_key=base64.urlsafe_b64encode(mac_key).rstrip(b"=").decode()
+        kid="kid-1", hmac_key=SecretStr(base64.urlsafe_b64encode(mac_key).rstrip(b"=").decode())
     )
     account = JWKEC(key=ec.generate_private_key(ec.SECP256R1()))
     directory = messages.Directory.from_json(

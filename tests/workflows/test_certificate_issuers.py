@@ -129,7 +129,7 @@ async def test_an_unreachable_ca_falls_back_after_the_setting(workflow_env: Work
     async def unreachable(index: int, arg: object) -> object:
         if getattr(arg, "issuer") == "a":
             error = app_error(ErrorCode.ACME_TEMPORARY, "cannot reach the CA: ConnectionError")
-            error.details[0]["unreachable"] = True  # type: ignore[index]
+            error.details[0]["unreachable"] = True
             raise error
         from .fakes import DEFAULT
 
