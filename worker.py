@@ -73,7 +73,11 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     for issuer in issuers.items:
         try:
             account = await ensure_account(
-                pool, issuer, settings.acme_email, encryption_key, issuer_setting(issuers, issuer)
+                pool,
+                issuer,
+                settings.acme_email,
+                encryption_key,
+                issuer_setting(issuer, listed=settings.issuers is not None),
             )
         except DecryptionError as err:
             raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None

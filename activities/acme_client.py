@@ -31,7 +31,7 @@ from activities.acme_problems import problem_error
 from certflow import accounts
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
-from certflow.issuers import ExternalAccountBinding, Issuer, Issuers
+from certflow.issuers import ExternalAccountBinding, Issuer
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +224,10 @@ async def _register_with_retries(
     raise AssertionError("unreachable")
 
 
-def issuer_setting(issuers: Issuers, issuer: Issuer) -> str:
-    """The setting an operator fixes for this issuer, as errors name it."""
-    if issuer.name == issuers.items[0].name and len(issuers.items) == 1 and issuer.name == "default":
-        return "CERTFLOW_ACME_DIRECTORY_URL"
-    return f"CERTFLOW_ISSUERS ({issuer.name})"
+def issuer_setting(issuer: Issuer, listed: bool) -> str:
+    """The setting an operator fixes for this issuer, as errors name it: its item of
+    ``CERTFLOW_ISSUERS`` when ``listed``, else the single CA's directory URL."""
+    return f"CERTFLOW_ISSUERS ({issuer.name})" if listed else "CERTFLOW_ACME_DIRECTORY_URL"
 
 
 async def ensure_account(

@@ -689,7 +689,11 @@ class AcmeActivities:
             )
             for clients in listed
         ]
-        self._origins = {urllib.parse.urlsplit(c.issuer.directory_url)[:2]: i for i, c in enumerate(listed)}
+        # Where each CA's orders live: the origin of its newOrder URL.
+        self._origins = {
+            urllib.parse.urlsplit(str(c.account.directory_json.get("newOrder", "")))[:2]: i
+            for i, c in enumerate(listed)
+        }
 
     def _at(self, name: str | None) -> IssuerOrders:
         """The issuer called ``name`` (None: the first configured)."""
@@ -704,8 +708,8 @@ class AcmeActivities:
         )
 
     def _serving(self, url: str) -> IssuerOrders:
-        """The issuer whose directory is on the host of ``url`` (an order URL from a
-        row or history that names no issuer); the first one otherwise."""
+        """The issuer whose orders are on the host of ``url`` (an order URL from a
+        call that names no issuer); the first one otherwise."""
         return self._orders[self._origins.get(urllib.parse.urlsplit(url)[:2], 0)]
 
     async def _step(

@@ -472,5 +472,5 @@ class WebhookEvent(Frozen):
     occurred_at: datetime
     issuer: str | None = None
     """The CA of the certificate (issued, renewed) or of the attempt (failed)."""
-    issuer_fallback: str | None = None
-    """Why the certificate came from another CA than the first choice."""
+    issuer_reason: str | None = None
+    """Why that CA rather than the first configured one (CAA, a fallback)."""

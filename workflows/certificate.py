@@ -581,7 +581,7 @@ class CertificateWorkflow:
                 expires_at=record.expires_at,
                 occurred_at=workflow.now(),
                 issuer=self._issuer or record.issuer,
-                issuer_fallback=self._issuer_reason,
+                issuer_reason=self._issuer_reason,
             ),
             id=webhook_workflow_id(record.hostname, event_id),
             parent_close_policy=ParentClosePolicy.ABANDON,

@@ -160,6 +160,9 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     # A certificate's workflow, one step after another.
     await certificates.ensure_certificate(db, pending, None, "saas.test")
     await certificates.load_record(db, pending_id, "saas.test")
+    await certificates.choose_issuer(db, pending_id, "zerossl", "CAA does not allow letsencrypt")
+    await certificates.attempt_issuer(db, pending)
+    await certificates.certificate_issuer(db, cert_id)
     await certificates.persist_challenge(db, pending_id, order)
     await certificates.stored_open_order(db, pending_id)
     await certificates.store_pending_key(db, pending_id, order.order_url, b"sealed")
