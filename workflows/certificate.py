@@ -344,6 +344,8 @@ class CertificateWorkflow:
         renewal prefers the CA of its certificate (``replaces`` only applies there)."""
         renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
         preferred = self._named(record.issuer) if renewal else None
+        if allowed and all(name in self._passed_over for name in allowed):
+            self._passed_over = {}  # every allowed CA was passed over: a new round
         self._allowed = allowed
         self._issuer = choose_issuer(allowed, preferred, self._passed_over)
         self._issuer_reason = issuer_reason(
@@ -424,6 +426,8 @@ class CertificateWorkflow:
         reason = self._fallback_reason(failure, outcome, policy)
         if reason is not None and self._fall_back(reason):
             outcome = fallback_outcome(record.status, failure.code)
+        elif outcome.status is CertificateStatus.FAILED:
+            self._passed_over = {}  # spent everywhere: the next attempt starts a new round
         applied = await run(
             POSTGRES,
             RecordActivities.record_failure,
@@ -450,7 +454,8 @@ class CertificateWorkflow:
         self, failure: AttemptFailed, outcome: Outcome, policy: ProvisioningPolicy
     ) -> str | None:
         """Why the attempt's issuer cannot issue now, when it is a reason to try the
-        next one: a long cooldown, the failure budget spent, or no answer for long."""
+        next one: a long cooldown, the failure budget spent, or no answer for long
+        (since when it has not answered is kept here, failure after failure)."""
         issuer, now = self._issuer, workflow.now()
         if issuer is None:
             return None

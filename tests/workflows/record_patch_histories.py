@@ -8,7 +8,8 @@ history to tests/workflows/histories/<scenario>[-SUFFIX]-<n>.json. Record once o
 the code before the patch (with a suffix such as ``unpatched``) and once after:
 test_replay.py replays both on today's code. No suffix or ``unpatched``: the
 follow-moved-row scenario; ``sweep``: a DNS wait long enough to continue as new
-(bounded-history) and the FAILED path after the self-check patch.
+(bounded-history) and the FAILED path after the self-check patch; ``issuers``: a
+fallback between two issuers and a renewal that stays with the second.
 """
 
 from __future__ import annotations
@@ -91,6 +92,32 @@ async def _failed_then_retried(env: WorkflowEnvironment, name: str) -> None:
             _write(f"{name}-{n}", history, len(history.events))
 
 
+async def _issuer_fallback(env: WorkflowEnvironment, name: str) -> None:
+    """Two issuers: a cooldown at the first longer than the fallback setting, the
+    certificate issued by the second, renewed there; the runs of both issuances."""
+    policy = FAST_POLICY.model_copy(
+        update={"issuers": ["a", "b"], "issuer_fallback_cooldown_seconds": 3600}
+    )
+    fakes = Fakes(env, policy=policy)
+    fakes.behaviours["place_order"] = fakes.rate_limited(1, 7200)
+    async with started(env, fakes) as run:
+        await run.until_active()
+        await run.handle.signal("renew")
+        await run.until_active(serial_count=2)
+        await run.cancel()
+        run_id: str | None = run.handle.first_execution_run_id
+        n = 0
+        while run_id:  # the chain of runs, each continued as new into the next
+            n += 1
+            history = await env.client.get_workflow_handle(run.handle.id, run_id=run_id).fetch_history()
+            _write(f"{name}-{n}", history, len(history.events))
+            last = history.events[-1]
+            continued = last.workflow_execution_continued_as_new_event_attributes
+            run_id = continued.new_execution_run_id if last.HasField(
+                "workflow_execution_continued_as_new_event_attributes"
+            ) else None
+
+
 async def _main(suffix: str) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=find_test_server(), data_converter=pydantic_data_converter
@@ -98,6 +125,8 @@ async def _main(suffix: str) -> None:
     try:
         if suffix in ("", "unpatched"):
             await _row_moved_on(env, "row-moved-on" + (f"-{suffix}" if suffix else ""))
+        elif suffix == "issuers":
+            await _issuer_fallback(env, "issuer-fallback")
         else:
             await _long_dns_wait(env, f"long-dns-wait-{suffix}")
             await _failed_then_retried(env, f"failed-then-retried-{suffix}")

@@ -120,6 +120,22 @@ async def test_the_budget_spent_at_every_issuer_is_failed(workflow_env: Workflow
         await run.cancel()
 
 
+async def test_failed_everywhere_then_retried_starts_a_new_round(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """FAILED after both issuers' budgets, then ``retry``: a new round from the
+    first, and a fallback to the second again (not FAILED at the first alone)."""
+    fakes = Fakes(workflow_env, policy=TWO)
+    fakes.behaviours["wait_for_order"] = lambda index, arg: _fail_at(index < 9)
+    async with started(workflow_env, fakes) as run:
+        await run.until(lambda s: s.status is CertificateStatus.FAILED, "FAILED", advance=30)
+        await run.handle.signal("retry")
+        await run.until_active(advance=30)
+        assert _issuers(fakes) == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"]
+        assert fakes.row.issuer == "b"
+        await run.cancel()
+
+
 async def test_an_unreachable_ca_falls_back_after_the_setting(workflow_env: WorkflowEnvironment) -> None:
     policy = TWO.model_copy(
         update={"max_failures": 20, "issuer_fallback_unreachable_seconds": 300}

@@ -57,6 +57,9 @@ def test_the_scenarios_are_all_there() -> None:
         "edge-unreachable-carried",
         "rate-limited-carried",
         "ari-renewal-carried",
+        # Two issuers (with the fakes): a long cooldown at the first, issued by the
+        # second, renewed there.
+        "issuer-fallback",
     }
 
 
