@@ -163,13 +163,18 @@ async def test_an_unreachable_ca_falls_back_after_the_setting(workflow_env: Work
         await run.cancel()
 
 
+async def _renewing_at_b(env: WorkflowEnvironment) -> Fakes:
+    """An ACTIVE certificate of issuer b, 80 days into its 90: it renews at once."""
+    now = await env.get_current_time()
+    row = active_row(now - timedelta(days=80), timedelta(days=90))
+    row.issuer = row.order_issuer = "b"
+    return Fakes(env, row=row, policy=TWO)
+
+
 async def test_a_renewal_stays_with_the_ca_of_its_certificate(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    now = await workflow_env.get_current_time()
-    row = active_row(now - timedelta(days=80), timedelta(days=90))
-    row.issuer = row.order_issuer = "b"
-    fakes = Fakes(workflow_env, row=row, policy=TWO)
+    fakes = await _renewing_at_b(workflow_env)
     async with started(workflow_env, fakes) as run:
         await run.until_active(serial_count=1, advance=3600)
         (placed,) = fakes.of("place_order")
@@ -182,10 +187,7 @@ async def test_a_renewal_stays_with_the_ca_of_its_certificate(
 async def test_a_renewal_at_another_ca_is_a_new_order_there(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    now = await workflow_env.get_current_time()
-    row = active_row(now - timedelta(days=80), timedelta(days=90))
-    row.issuer = row.order_issuer = "b"
-    fakes = Fakes(workflow_env, row=row, policy=TWO)
+    fakes = await _renewing_at_b(workflow_env)
     fakes.behaviours["check_dns"] = returns(DnsVerdict(allowed_issuers=["a"]))  # CAA changed
     async with started(workflow_env, fakes) as run:
         await run.until_active(serial_count=1, advance=3600)
