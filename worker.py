@@ -22,7 +22,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from activities.acme_client import AcmeClients, ensure_account, issuer_setting
+from activities.acme_client import (
+    REGISTER_ATTEMPTS,
+    AcmeAccount,
+    AcmeClients,
+    ensure_account,
+    issuer_setting,
+)
 from activities.acme_orders import AcmeActivities, OrderPacing
 from activities.dns_checks import CaaIssuer, DnsActivities, DnsChecker
 from activities.preflight import Http01Fetcher, PreflightActivities
@@ -32,7 +38,8 @@ from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.db import create_pool, migrate
-from certflow.errors import ConfigError
+from certflow.errors import CaUnreachableError, ConfigError
+from certflow.issuers import Issuer
 from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.tracing import configure_tracing
@@ -69,19 +76,10 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     anything an operator must fix, before any request is served."""
     encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
     issuers = settings.issuer_list
-    issuer_clients: list[AcmeClients] = []
-    for issuer in issuers.items:
-        try:
-            account = await ensure_account(
-                pool,
-                issuer,
-                settings.acme_email,
-                encryption_key,
-                issuer_setting(issuer, listed=settings.issuers is not None),
-            )
-        except DecryptionError as err:
-            raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
-        issuer_clients.append(AcmeClients(account, issuer))
+    issuer_clients = [
+        await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
+        for position, issuer in enumerate(issuers.items)
+    ]
     runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
     metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
     interceptors: list[Interceptor] = []
@@ -107,7 +105,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         caa_issuer_domain=issuers.items[0].caa_domains[0],
         # Each CA with our account URL there, for RFC 8657 accounturi.
         issuers=tuple(
-            (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account.account_url))
+            (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account_url))
             for c in issuer_clients
         ),
     )
@@ -165,6 +163,35 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             client, settings.task_queue, settings.renewal_info_sweep_seconds
         )
     return WorkerParts(worker, ChallengeResponder(pool), metrics, runtime is not None, executor)
+
+
+async def issuer_account(
+    pool: asyncpg.Pool,
+    settings: Settings,
+    issuer: Issuer,
+    encryption_key: EncryptionKey,
+    fallback: bool,
+) -> AcmeClients:
+    """The issuer's account, registered (ConfigError for what an operator must fix).
+    A ``fallback`` issuer whose CA does not answer does not stop the worker: it
+    starts without that account, which is registered on first use."""
+    setting = issuer_setting(issuer, listed=settings.issuers is not None)
+
+    async def register(attempts: int) -> AcmeAccount:
+        try:
+            return await ensure_account(
+                pool, issuer, settings.acme_email, encryption_key, setting, attempts
+            )
+        except DecryptionError as err:
+            raise ConfigError(f"CERTFLOW_ENCRYPTION_KEY: {err}") from None
+
+    try:
+        return AcmeClients(await register(REGISTER_ATTEMPTS), issuer)
+    except CaUnreachableError as err:
+        if not fallback:
+            raise
+        log.warning("starting without the ACME account of %s: %s", issuer.name, err)
+        return AcmeClients(None, issuer, register=lambda: register(1))
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:

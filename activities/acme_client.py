@@ -7,12 +7,15 @@ runs the blocking calls in a thread.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import email.utils
 import logging
 import queue
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Awaitable, Callable
 from typing import Any, Iterator
 from contextlib import contextmanager
 
@@ -30,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from activities.acme_problems import problem_error
 from certflow import accounts
 from certflow.crypto import EncryptionKey
-from certflow.errors import AcmeProblemError, ConfigError, ErrorCode
+from certflow.errors import AcmeProblemError, CaUnreachableError, ConfigError, ErrorCode
 from certflow.issuers import ExternalAccountBinding, Issuer
 
 log = logging.getLogger(__name__)
@@ -198,23 +201,22 @@ REGISTER_ATTEMPTS = 6
 
 
 async def _register_with_retries(
-    issuer: Issuer, key: JWKEC, email: str | None, setting: str
+    issuer: Issuer, key: JWKEC, email: str | None, setting: str, attempts: int
 ) -> tuple[str, dict[str, Any]]:
     """Register, riding out short CA faults (badNonce, 5xx, resets) with backoff;
-    anything else (a refused External Account Binding), or a fault that persists,
-    stops start-up with one clear line naming ``setting``."""
-    import asyncio
-
-    for attempt in range(1, REGISTER_ATTEMPTS + 1):
+    anything else (a refused External Account Binding) is a ConfigError, a fault
+    that persists a CaUnreachableError, each one clear line naming ``setting``."""
+    for attempt in range(1, attempts + 1):
         try:
             return await asyncio.to_thread(
                 _register, issuer.directory_url, key, email, issuer.verify, issuer.eab
             )
         except Exception as exc:  # classified below
             failure = classify_acme_failure(exc)
-            if failure.code is not ErrorCode.ACME_TEMPORARY or attempt == REGISTER_ATTEMPTS:
+            temporary = failure.code is ErrorCode.ACME_TEMPORARY
+            if not temporary or attempt == attempts:
                 binding = " with its External Account Binding" if issuer.eab else ""
-                raise ConfigError(
+                raise (CaUnreachableError if temporary else ConfigError)(
                     f"{setting}: cannot register the ACME account{binding} at"
                     f" {issuer.directory_url}: {failure.detail}"
                 ) from None
@@ -236,6 +238,7 @@ async def ensure_account(
     email: str | None,
     encryption_key: EncryptionKey,
     setting: str = "CERTFLOW_ACME_DIRECTORY_URL",
+    attempts: int = REGISTER_ATTEMPTS,
 ) -> AcmeAccount:
     """Load this issuer's account key (generating and storing it, encrypted, the
     first time) and make sure the CA knows it, registered with the issuer's External
@@ -263,7 +266,7 @@ async def ensure_account(
             # Registering an existing key only returns its URL, so this also
             # re-registers after the CA lost the account (a restarted Pebble).
             account_url, directory_json = await _register_with_retries(
-                issuer, key, email, setting
+                issuer, key, email, setting, attempts
             )
             check_profile(directory_json, profile, setting)
             if stored is None or stored.account_url != account_url:
@@ -290,15 +293,68 @@ def check_profile(
         )
 
 
-class AcmeClients:
-    """A pool of ready clients for one issuer's account; each borrower has one to itself."""
+REGISTER_AGAIN_SECONDS = 60.0
 
-    def __init__(self, account: AcmeAccount, issuer: Issuer) -> None:
-        self.account = account
+
+class AcmeClients:
+    """A pool of ready clients for one issuer's account; each borrower has one to itself.
+
+    Without an account (the CA did not answer at start-up), ``register`` is tried
+    again by :meth:`ready`, at most once a minute; until it succeeds every call to
+    this issuer fails as the CA unreachable (so certificates fall back elsewhere).
+    """
+
+    def __init__(
+        self,
+        account: AcmeAccount | None,
+        issuer: Issuer,
+        register: Callable[[], Awaitable[AcmeAccount]] | None = None,
+    ) -> None:
+        self._account = account
         self.issuer = issuer
-        self.takes_replaces = account.takes_replaces
+        self._register = register
+        self._register_after = 0.0
+        self._registering: asyncio.Lock | None = None
+        self.takes_replaces = account.takes_replaces if account else True
         """False once the CA refused RFC 9773 ``replaces`` (renewals go without it)."""
         self._idle: queue.SimpleQueue[acme_client.ClientV2] = queue.SimpleQueue()
+
+    @property
+    def account(self) -> AcmeAccount:
+        if self._account is None:
+            raise self._unregistered("its CA did not answer when the worker started")
+        return self._account
+
+    @property
+    def account_url(self) -> str | None:
+        return self._account.account_url if self._account else None
+
+    async def ready(self) -> None:
+        """Make sure the account is registered (see the class docstring)."""
+        if self._account is not None:
+            return
+        if self._registering is None:
+            self._registering = asyncio.Lock()
+        async with self._registering:
+            if self._account is not None:
+                return
+            if self._register is None or time.monotonic() < self._register_after:
+                raise self._unregistered("its CA did not answer; asking again within a minute")
+            self._register_after = time.monotonic() + REGISTER_AGAIN_SECONDS
+            try:
+                account = await self._register()
+            except ConfigError as err:
+                raise self._unregistered(str(err)) from None
+            self.takes_replaces = account.takes_replaces
+            self._account = account
+            log.info("ACME account registered on first use", extra={"issuer": self.issuer.name})
+
+    def _unregistered(self, why: str) -> AcmeProblemError:
+        return AcmeProblemError(
+            code=ErrorCode.ACME_TEMPORARY,
+            message=f"no ACME account at {self.issuer.name} yet: {why}",
+            unreachable=True,
+        )
 
     def _new_client(self) -> acme_client.ClientV2:
         net = _account_network(self.account.key, self.account.verify)

@@ -169,7 +169,11 @@ class IssuerOrders:
 
     @property
     def _directory_url(self) -> str:
-        return self._clients.account.directory_url
+        return self._clients.issuer.directory_url
+
+    async def ready(self) -> None:
+        """Its account registered (a CA that did not answer at start-up is asked now)."""
+        await self._clients.ready()
 
     async def _call(
         self,
@@ -689,11 +693,7 @@ class AcmeActivities:
             )
             for clients in listed
         ]
-        # Where each CA's orders live: the origin of its newOrder URL.
-        self._origins = {
-            urllib.parse.urlsplit(str(c.account.directory_json.get("newOrder", "")))[:2]: i
-            for i, c in enumerate(listed)
-        }
+        self._listed = listed
 
     def _at(self, name: str | None) -> IssuerOrders:
         """The issuer called ``name`` (None: the first configured)."""
@@ -707,10 +707,21 @@ class AcmeActivities:
             message=f"the issuer {name!r} is no longer configured on this worker",
         )
 
+    async def _on(self, name: str | None, call: Callable[[IssuerOrders], Awaitable[T]]) -> T:
+        """``call`` on the issuer called ``name``, its account registered."""
+        orders = self._at(name)
+        await orders.ready()
+        return await call(orders)
+
     def _serving(self, url: str) -> IssuerOrders:
         """The issuer whose orders are on the host of ``url`` (an order URL from a
-        call that names no issuer); the first one otherwise."""
-        return self._orders[self._origins.get(urllib.parse.urlsplit(url)[:2], 0)]
+        call that names no issuer), told by its newOrder URL; the first otherwise."""
+        origin = urllib.parse.urlsplit(url)[:2]
+        for orders, clients in zip(self._orders, self._listed):
+            new_order = clients.account_url and clients.account.directory_json.get("newOrder")
+            if new_order and urllib.parse.urlsplit(str(new_order))[:2] == origin:
+                return orders
+        return self._orders[0]
 
     async def _step(
         self,
@@ -756,7 +767,7 @@ class AcmeActivities:
         cooldown that applies to it holds."""
         return await self._step(
             "create_order",
-            lambda: self._at(None).create_order(input.hostname),
+            lambda: self._on(None, lambda orders: orders.create_order(input.hostname)),
             span_attributes={"certificate.hostname": input.hostname},
         )
 
@@ -772,7 +783,7 @@ class AcmeActivities:
         """
         return await self._step(
             "create_order",  # the original dashboard's phase label for this step
-            lambda: self._at(input.issuer).place_order(input),
+            lambda: self._on(input.issuer, lambda orders: orders.place_order(input)),
             span_attributes={"certificate.hostname": input.hostname, "acme.issuer": input.issuer},
         )
 
@@ -781,7 +792,7 @@ class AcmeActivities:
         """Ask the CA to validate. A challenge already validating or valid is success."""
         await self._step(
             "accept_challenge",
-            lambda: self._at(input.issuer).accept_challenge(input.challenge_url),
+            lambda: self._on(input.issuer, lambda orders: orders.accept_challenge(input.challenge_url)),
         )
 
     @activity.defn(name="wait_for_order")
@@ -791,7 +802,7 @@ class AcmeActivities:
         challenge first. An invalid order is ACME_INVALID_ORDER."""
         return await self._step(
             "poll_order",
-            lambda: self._at(input.issuer).wait_for_order(input),
+            lambda: self._on(input.issuer, lambda orders: orders.wait_for_order(input)),
             lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
             span_attributes={"acme.order_url": input.order_url},
         )
@@ -802,7 +813,7 @@ class AcmeActivities:
         check it matches the key, and make it the current certificate."""
         return await self._step(
             "issue_cert",  # the original dashboard's phase label for this step
-            lambda: self._at(input.issuer).finalize_and_store(input),
+            lambda: self._on(input.issuer, lambda orders: orders.finalize_and_store(input)),
             span_attributes={
                 "certificate.id": input.certificate_id,
                 "certificate.hostname": input.hostname,
@@ -818,15 +829,18 @@ class AcmeActivities:
         issuer = await certificates.certificate_issuer(self._pool, certificate_id)
         try:
             orders = self._at(issuer)
+            await orders.ready()
         except AcmeProblemError:
-            return RenewalAdvice()  # the lifetime rule decides
+            return RenewalAdvice(recheck_after_seconds=3600)  # ask again later
         return await orders.renewal_info(certificate_id)
 
     @activity.defn(name="deactivate_authorizations")
     async def deactivate_authorizations(self, order_url: str) -> None:
         """Deactivate the order's authorizations still pending or valid (best effort)."""
         try:
-            await self._serving(order_url).deactivate_authorizations(order_url)
+            orders = self._serving(order_url)
+            await orders.ready()
+            await orders.deactivate_authorizations(order_url)
         except CertflowError as err:
             raise to_application_error(err) from None
 
@@ -836,6 +850,7 @@ class AcmeActivities:
         is success)."""
         try:
             orders = self._at(await certificates.certificate_issuer(self._pool, certificate_id))
+            await orders.ready()
             await orders.revoke_certificate(certificate_id)
         except CertflowError as err:
             raise to_application_error(err) from None

@@ -99,7 +99,7 @@ class RenewalInfoSweep:
     async def sweep_renewal_info(self) -> RenewalInfoSweepResult:
         """Ask the CA that issued each certificate whose next check is due; store the
         answers; signal the workflows whose window moved."""
-        if not any(c.account.directory_json.get("renewalInfo") for c in self._issuers):
+        if not any(c.account_url and c.account.directory_json.get("renewalInfo") for c in self._issuers):
             return RenewalInfoSweepResult()  # no CA has ARI: the lifetime rule holds
         asked = moved = 0
         slots = asyncio.Semaphore(CONCURRENCY)
@@ -110,6 +110,9 @@ class RenewalInfoSweep:
 
             async def one(row: RenewalInfoRow) -> tuple[RenewalInfoRow, RenewalAdvice]:
                 clients = self._issuer_of(row)
+                if clients is not None and clients.account_url is None:
+                    # No account there yet (its CA did not answer): ask again later.
+                    return row, RenewalAdvice(recheck_after_seconds=ARI_DEFAULT_RECHECK)
                 base_url = clients.account.directory_json.get("renewalInfo") if clients else None
                 url = renewal_info_url(str(base_url), row.leaf_pem) if base_url else None
                 if clients is None or url is None:

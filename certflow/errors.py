@@ -59,6 +59,11 @@ class ConfigError(Exception):
     """A setting is missing or malformed; the message names the variable."""
 
 
+class CaUnreachableError(ConfigError):
+    """A CA did not answer at start-up (after retries): for a fallback issuer the
+    worker starts without its account and registers it on first use."""
+
+
 @dataclass
 class CertflowError(Exception):
     """A provisioning failure with its code and a specific, user-safe message."""

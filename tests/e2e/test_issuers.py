@@ -13,7 +13,9 @@ what is asserted is certflow's choice, and which CA then got the order).
 Shown once by hand: with ``_fall_back`` in workflows/certificate.py made to return
 False, the cooldown case waits on ca-a (its hostname never leaves PENDING within
 the test) and the budget case ends FAILED; with the External Account Binding left
-out of ``_register`` the worker cannot start at all ("externalAccountRequired").
+out of ``_register`` the worker cannot start at all ("externalAccountRequired");
+with worker.py's ``issuer_account`` raising for a fallback CA too, the worker whose
+ca-b does not answer exits 2 at start.
 """
 
 from __future__ import annotations
@@ -301,6 +303,43 @@ async def test_a_long_cooldown_at_a_sends_new_orders_to_b_and_renewals_stay_on_b
     assert cas.seen["ca-b"].revocations == revocations["ca-b"] + 1
     assert cas.seen["ca-a"].revocations == revocations["ca-a"]
     await client.cancel(second)
+
+
+async def test_a_fallback_ca_down_at_start_does_not_stop_the_worker(
+    cas: TwoCas, tmp_path: Path
+) -> None:
+    """ca-b's directory answers nothing (a closed port) when a worker starts: it
+    starts anyway, without ca-b's account; a hostname CAA lets both CAs serve is
+    issued by ca-a, one only ca-b may serve waits on ACME_TEMPORARY naming ca-b.
+    (Before: the worker refused to start, as for the first CA.)"""
+    issuers = json.loads(issuers_setting(cas.proxies, cas.pebbles, MAC_KEY))
+    issuers[1]["directory_url"] = f"https://127.0.0.1:{devstack.free_port()}/dir"
+    env = {
+        **cas.env,
+        "CERTFLOW_ISSUERS": json.dumps(issuers),
+        "CERTFLOW_TASK_QUEUE": f"certflow-issuers-down-{uuid.uuid4().hex[:8]}",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+    }
+    worker = devstack.start_worker(tmp_path / "worker", env, name="down-at-start", timeout=120)
+    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
+    client = await CertflowClient.connect(
+        ClientSettings(**{k.removeprefix("CERTFLOW_").lower(): env[k] for k in keep})
+    )
+    try:
+        both, only_b = cas.customer("down-both"), cas.customer("down-only-b", "ca-b.test")
+        await client.request([both, only_b])
+        assert (await _active(client, both)).issuer == "ca-a"
+        waiting = await wait_for(
+            client, only_b, lambda s: s.error_code is not None, 90, what="an error"
+        )
+        assert str(waiting.error_code) == "ACME_TEMPORARY", waiting
+        assert (waiting.error_message or "").startswith("no ACME account at ca-b yet: "), waiting
+        await client.cancel(only_b)
+    finally:
+        await client.close()
+        worker.stop()
+    log = (tmp_path / "worker" / "down-at-start.log").read_text()
+    assert "starting without the ACME account of ca-b" in log
 
 
 @pytest.mark.parametrize(
