@@ -103,8 +103,8 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         resolver=f"{host}:{port}",
         cname_target=settings.cname_target,
         caa_issuer_domain=issuers.items[0].caa_domains[0],
-        # Each CA with our account URL there, for RFC 8657 accounturi.
-        issuers=tuple(
+        # Each CA with our account URL there (once registered), for RFC 8657 accounturi.
+        issuers=lambda: tuple(
             (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account_url))
             for c in issuer_clients
         ),

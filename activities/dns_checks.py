@@ -793,9 +793,11 @@ class DnsChecker:
     caa_issuer_domain: str
     timeout: float = DNS_TIMEOUT_SECONDS
     account_uri: str | None = None
-    issuers: tuple[tuple[str, CaaIssuer], ...] = ()
+    issuers: tuple[tuple[str, CaaIssuer], ...] | Callable[[], tuple[tuple[str, CaaIssuer], ...]] = ()
     """Every configured CA as (issuer name, CA as CAA sees it), in order of
-    preference; empty: the one CA of ``caa_issuer_domain`` and ``account_uri``."""
+    preference, or a function giving them as they are now (an account registered
+    after start-up brings its URL for RFC 8657); empty: the one CA of
+    ``caa_issuer_domain`` and ``account_uri``."""
 
     def __post_init__(self) -> None:
         parse_resolver_address(self.resolver)
@@ -824,7 +826,8 @@ class DnsChecker:
     @property
     def caa_issuers(self) -> tuple[tuple[str, CaaIssuer], ...]:
         """Every CA CAA is judged for, by issuer name, in order of preference."""
-        return self.issuers or ((DEFAULT_ISSUER, self.caa_issuer),)
+        listed = self.issuers() if callable(self.issuers) else self.issuers
+        return listed or ((DEFAULT_ISSUER, self.caa_issuer),)
 
     async def check(self, hostname: str) -> list[str]:
         """Run the CNAME check, then the CAA check, for ``hostname``; the names of

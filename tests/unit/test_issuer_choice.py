@@ -16,7 +16,15 @@ from josepy.jwk import JWKEC
 from pydantic import SecretStr
 
 from activities.acme_client import external_account_binding
-from activities.dns_checks import CaaAnswerSet, CaaAnswer, CaaIssuer, CaaRecord, CnameAnswer, allowed_issuers
+from activities.dns_checks import (
+    CaaAnswer,
+    CaaAnswerSet,
+    CaaIssuer,
+    CaaRecord,
+    CnameAnswer,
+    DnsChecker,
+    allowed_issuers,
+)
 from certflow.errors import DnsCheckError, ErrorCode
 from certflow.issuers import ExternalAccountBinding
 from certflow.models import CertificateStatus
@@ -166,3 +174,24 @@ def test_external_account_binding_is_the_rfc_8555_jws() -> None:
     signed = f"{jws['protected']}.{jws['payload']}".encode()
     expected = hmac.new(mac_key, signed, hashlib.sha256).digest()
     assert b64decode(jws["signature"]) == expected
+
+
+async def test_an_account_registered_after_start_brings_its_url_to_caa() -> None:
+    """The worker hands DnsChecker a function: an issuer registered on first use
+    (its CA was down at start-up) is judged with its account URL from then on."""
+    account_urls: dict[str, str | None] = {"zerossl": None}
+    checker = DnsChecker(
+        "127.0.0.1:53",
+        EDGE,
+        "letsencrypt.org",
+        issuers=lambda: (
+            LE,
+            ("zerossl", CaaIssuer(("sectigo.com",), account_urls["zerossl"])),
+        ),
+    )
+    bound = Zone(apex=["sectigo.com; accounturi=https://zerossl.test/acct/9"])
+    with pytest.raises(DnsCheckError):
+        await allowed_issuers(HOST, checker.caa_issuers, bound)
+    account_urls["zerossl"] = "https://zerossl.test/acct/9"
+    allowed, _ = await allowed_issuers(HOST, checker.caa_issuers, bound)
+    assert allowed == ["zerossl"]
