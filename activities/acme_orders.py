@@ -171,6 +171,15 @@ class IssuerOrders:
     def _directory_url(self) -> str:
         return self._clients.issuer.directory_url
 
+    @property
+    def order_origin(self) -> tuple[str, str] | None:
+        """Where this CA's orders live (scheme, host:port of its newOrder URL);
+        None until its account is registered."""
+        if self._clients.account_url is None:
+            return None
+        split = urllib.parse.urlsplit(str(self._clients.account.directory_json.get("newOrder", "")))
+        return (split.scheme, split.netloc)
+
     async def ready(self) -> None:
         """Its account registered (a CA that did not answer at start-up is asked now)."""
         await self._clients.ready()
@@ -693,7 +702,6 @@ class AcmeActivities:
             )
             for clients in listed
         ]
-        self._listed = listed
 
     def _at(self, name: str | None) -> IssuerOrders:
         """The issuer called ``name`` (None: the first configured)."""
@@ -717,9 +725,8 @@ class AcmeActivities:
         """The issuer whose orders are on the host of ``url`` (an order URL from a
         call that names no issuer), told by its newOrder URL; the first otherwise."""
         origin = urllib.parse.urlsplit(url)[:2]
-        for orders, clients in zip(self._orders, self._listed):
-            new_order = clients.account_url and clients.account.directory_json.get("newOrder")
-            if new_order and urllib.parse.urlsplit(str(new_order))[:2] == origin:
+        for orders in self._orders:
+            if orders.order_origin == origin:
                 return orders
         return self._orders[0]
 

@@ -133,8 +133,8 @@ class KeySettings(ClientSettings):
 class Settings(KeySettings):
     """Everything the worker is configured with."""
 
-    issuers: str | None = None
-    """JSON list of the CAs to order from, in order of preference (certflow.issuers);
+    issuers: SecretStr | None = None
+    """JSON list of the CAs to order from (secret: it holds EAB MAC keys), in order of preference (certflow.issuers);
     without it the ``ACME_*`` and ``CAA_ISSUER_DOMAIN`` settings make one issuer."""
     acme_directory_url: str | None = None
     acme_email: str | None = None
@@ -205,10 +205,10 @@ class Settings(KeySettings):
 
     @field_validator("issuers")
     @classmethod
-    def _issuers(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
+    def _issuers(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
             return None
-        parse_issuers(value)
+        parse_issuers(value.get_secret_value())
         return value
 
     @model_validator(mode="after")
@@ -227,7 +227,7 @@ class Settings(KeySettings):
     def issuer_list(self) -> Issuers:
         """The CAs to order from, in order of preference."""
         if self.issuers is not None:
-            return Issuers(items=parse_issuers(self.issuers))
+            return Issuers(items=parse_issuers(self.issuers.get_secret_value()))
         assert self.acme_directory_url is not None
         return Issuers(
             items=(

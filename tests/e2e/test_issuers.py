@@ -186,12 +186,17 @@ def cas(
         yield TwoCas(dns, pebbles, proxies, seen, env, database_url)
 
 
+async def _connect(env: dict[str, str]) -> CertflowClient:
+    """A client of the worker started with ``env`` (its database, Temporal, queue)."""
+    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
+    return await CertflowClient.connect(
+        ClientSettings(**{k.removeprefix("CERTFLOW_").lower(): env[k] for k in keep})
+    )
+
+
 @pytest.fixture(scope="module")
 async def client(cas: TwoCas) -> AsyncIterator[CertflowClient]:
-    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
-    connected = await CertflowClient.connect(
-        ClientSettings(**{k.removeprefix("CERTFLOW_").lower(): cas.env[k] for k in keep})
-    )
+    connected = await _connect(cas.env)
     try:
         yield connected
     finally:
@@ -321,10 +326,7 @@ async def test_a_fallback_ca_down_at_start_does_not_stop_the_worker(
         "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
     }
     worker = devstack.start_worker(tmp_path / "worker", env, name="down-at-start", timeout=120)
-    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
-    client = await CertflowClient.connect(
-        ClientSettings(**{k.removeprefix("CERTFLOW_").lower(): env[k] for k in keep})
-    )
+    client = await _connect(env)
     try:
         both, only_b = cas.customer("down-both"), cas.customer("down-only-b", "ca-b.test")
         await client.request([both, only_b])

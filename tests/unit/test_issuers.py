@@ -35,13 +35,10 @@ BASE = {
 
 
 @pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(__import__("os").environ):
-        if name.startswith("CERTFLOW_"):
-            monkeypatch.delenv(name)
+def env(clean_environment: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name, value in BASE.items():
-        monkeypatch.setenv(name, value)
-    return monkeypatch
+        clean_environment.setenv(name, value)
+    return clean_environment
 
 
 def _load(env: pytest.MonkeyPatch, issuers: Any) -> Settings:
@@ -56,6 +53,7 @@ def test_the_list_in_order_with_its_bindings(env: pytest.MonkeyPatch) -> None:
     assert zerossl.caa_domains == ("sectigo.com", "zerossl.com")
     assert zerossl.eab is not None and zerossl.eab.kid == "kid-1"
     assert MAC_KEY not in repr(zerossl)  # the MAC key is a secret
+    assert MAC_KEY not in repr(_load(env, [LETSENCRYPT, ZEROSSL]))  # also in the raw setting
     assert issuers.named(None).name == "letsencrypt"  # rows from before issuers
     assert _load(env, [LETSENCRYPT, ZEROSSL]).provisioning_policy().issuers == [
         "letsencrypt",

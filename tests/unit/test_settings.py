@@ -20,13 +20,10 @@ GOOD = {
 
 
 @pytest.fixture
-def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in list(__import__("os").environ):
-        if name.startswith("CERTFLOW_"):
-            monkeypatch.delenv(name)
+def env(clean_environment: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for name, value in GOOD.items():
-        monkeypatch.setenv(name, value)
-    return monkeypatch
+        clean_environment.setenv(name, value)
+    return clean_environment
 
 
 def test_defaults_and_normalization(env: pytest.MonkeyPatch) -> None:
