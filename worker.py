@@ -31,7 +31,8 @@ from activities.acme_client import (
 )
 from activities.acme_orders import AcmeActivities, OrderPacing
 from activities.dns_checks import CaaIssuer, DnsActivities, DnsChecker
-from activities.preflight import Http01Fetcher, PreflightActivities
+from activities.http01_fetch import Http01Fetcher
+from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
@@ -123,7 +124,14 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             RecordActivities(pool, policy, settings.managed_base_domain),
             DnsActivities(dns, metrics),
             PreflightActivities(
-                pool, dns, Http01Fetcher(dns, port=settings.http01_self_check_port), metrics
+                pool,
+                dns,
+                Http01Fetcher(
+                    dns,
+                    port=settings.http01_self_check_port,
+                    addresses=settings.http01_address_policy,
+                ),
+                metrics,
             ),
             AcmeActivities(
                 issuer_clients,

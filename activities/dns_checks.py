@@ -233,14 +233,39 @@ class DnsLookupError(Exception):
     result). The check functions turn this into the right :class:`DnsCheckError`.
     """
 
-    def __init__(self, name: str, rdtype: str, reason: str) -> None:
+    def __init__(self, name: str, rdtype: str, reason: str, ca_detail: str = "") -> None:
         self.name = name
         self.rdtype = rdtype
         self.reason = reason
+        self.ca_detail = ca_detail or f"DNS problem: {_SERVER_FAILURE} looking up {rdtype} for {name}"
+        """What Let's Encrypt's resolver client says of the same failure (Boulder's
+        ``bdns.Error``), e.g. ``DNS problem: SERVFAIL looking up A for x - the
+        domain's nameservers may be malfunctioning``."""
         super().__init__(f"{rdtype} lookup for {name} failed: {reason}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.name, self.rdtype, self.reason))
+        return (type(self), (self.name, self.rdtype, self.reason, self.ca_detail))
+
+
+# Boulder's bdns/problem.go wording.
+_SERVER_FAILURE = "server failure at resolver"
+_RCODE_EXPLANATIONS = {
+    dns.rcode.NXDOMAIN: "check that a DNS record exists for this domain",
+    dns.rcode.SERVFAIL: "the domain's nameservers may be malfunctioning",
+}
+
+
+def _ca_detail(rdtype: str, name: str, *, rcode: dns.rcode.Rcode | None = None, timeout: bool = False) -> str:
+    """Boulder's ``bdns.Error`` text for a failed lookup."""
+    if timeout:
+        detail, additional = "query timed out", ""
+    elif rcode is not None:
+        detail = dns.rcode.to_text(rcode)
+        explanation = _RCODE_EXPLANATIONS.get(rcode)
+        additional = f" - {explanation}" if explanation else ""
+    else:
+        detail, additional = "networking error", ""
+    return f"DNS problem: {detail} looking up {rdtype} for {name}{additional}"
 
 
 CnameLookup = Callable[[str], Awaitable[Sequence[CnameAnswer]]]
@@ -719,14 +744,22 @@ async def _query(
             )
     except (TimeoutError, dns.exception.Timeout):
         raise DnsLookupError(
-            name, type_text, f"no answer from resolver {display} within {timeout:g} s"
+            name,
+            type_text,
+            f"no answer from resolver {display} within {timeout:g} s",
+            _ca_detail(type_text, name, timeout=True),
         ) from None
     except (OSError, dns.exception.DNSException) as exc:
-        raise DnsLookupError(name, type_text, f"resolver {display}: {exc}") from exc
+        raise DnsLookupError(
+            name, type_text, f"resolver {display}: {exc}", _ca_detail(type_text, name)
+        ) from exc
     rcode = response.rcode()
     if rcode not in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
         raise DnsLookupError(
-            name, type_text, f"resolver {display} answered {dns.rcode.to_text(rcode)}"
+            name,
+            type_text,
+            f"resolver {display} answered {dns.rcode.to_text(rcode)}",
+            _ca_detail(type_text, name, rcode=rcode),
         )
     return response
 
@@ -864,16 +897,17 @@ class DnsChecker:
         )
         return _cname_answers(response)
 
-    async def lookup_addresses(self, name: str) -> list[str]:
-        """The IPv6 then IPv4 addresses a query for ``name`` ends at (the resolver
-        follows CNAMEs); empty for NXDOMAIN or no address records."""
-        server = parse_resolver_address(self.resolver)
-        found: list[str] = []
-        for rdtype in (dns.rdatatype.AAAA, dns.rdatatype.A):
-            response = await _query(name, rdtype, server, self.timeout)
-            for rrset in _rrsets(response, rdtype):
-                found += [rdata.to_text() for rdata in rrset]
-        return _unique(found)
+    async def lookup_addresses(self, name: str, rdtype: str) -> list[str]:
+        """The addresses of one family (``A`` or ``AAAA``) a query for ``name`` ends
+        at (the resolver follows CNAMEs), in the order answered. As Let's Encrypt's
+        resolver client, NXDOMAIN is a failed lookup here: DnsLookupError."""
+        kind = dns.rdatatype.from_text(rdtype)
+        response = await _query(name, kind, parse_resolver_address(self.resolver), self.timeout)
+        if response.rcode() == dns.rcode.NXDOMAIN:
+            raise DnsLookupError(
+                name, rdtype, "NXDOMAIN", _ca_detail(rdtype, name, rcode=dns.rcode.NXDOMAIN)
+            )
+        return _unique(rdata.to_text() for rrset in _rrsets(response, kind) for rdata in rrset)
 
     async def lookup_caa(self, name: str) -> CaaAnswerSet:
         """The CNAME chain and CAA records in the resolver's answer for ``name``."""

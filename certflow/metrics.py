@@ -70,6 +70,10 @@ class CertflowMetrics:
             "certflow_certificate_soonest_expiry_timestamp_seconds",
             "The earliest not_after among served certificates (Unix time)",
         )
+        self._http01_self_checks = meter.create_counter(
+            "certflow_http01_self_check_total",
+            "HTTP-01 self-checks before accept, by result and (for errors) reason",
+        )
         self._cooldown_reset: asyncio.TimerHandle | None = None
         self._changes = ChangeFeed()
         self._counts: dict[str, int] = {}
@@ -80,6 +84,14 @@ class CertflowMetrics:
         self._durations.with_additional_attributes({"phase": phase}).record(
             time.monotonic() - started
         )
+
+    def http01_self_check(self, result: str, reason: str) -> None:
+        """Count one self-check: ``ok`` (reason empty) or ``error`` with the
+        fetch's reason (connection_refused, timeout, dns, redirect, …). Many
+        errors of one reason at once are an edge problem, not N customers'."""
+        self._http01_self_checks.with_additional_attributes(
+            {"result": result, "reason": reason or "none"}
+        ).add(1)
 
     def acme_error(self, problem_type: str) -> None:
         self._acme_errors.with_additional_attributes({"problem_type": problem_label(problem_type)}).add(1)

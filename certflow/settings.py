@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from certflow.errors import ConfigError
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
 from certflow.models import ProvisioningPolicy
+from certflow.reserved_addresses import AddressPolicy
 
 ENV_PREFIX = "CERTFLOW_"
 S = TypeVar("S", bound="ClientSettings")
@@ -173,6 +174,10 @@ class Settings(KeySettings):
     # The HTTP-01 self-check before accept (off: the worker cannot reach its own edge).
     http01_self_check: bool = True
     http01_self_check_port: int = Field(default=80, ge=1, le=65535)
+    http01_allow_reserved: str = ""
+    """Comma-separated networks the self-check may connect to although they are
+    reserved (loopback, private): a test rig's, as Boulder's allowRestrictedAddrs.
+    Empty in production, where the CA never connects to them."""
     # Fallback to the next issuer CAA allows (certflow.issuers).
     issuer_fallback_cooldown_seconds: float = Field(default=3600.0, gt=0)
     """A rate-limit cooldown longer than this at the chosen CA sends the order elsewhere."""
@@ -263,6 +268,20 @@ class Settings(KeySettings):
         if self.webhook_url and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
             raise ValueError("webhook_secret: is not set (required with CERTFLOW_WEBHOOK_URL)")
         return self
+
+    @field_validator("http01_allow_reserved")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        try:
+            AddressPolicy.allowing(value.split(","))
+        except ValueError as err:
+            raise ValueError(f"expected comma-separated networks (127.0.0.0/8,::1/128): {err}") from None
+        return value.strip()
+
+    @property
+    def http01_address_policy(self) -> AddressPolicy:
+        """Which addresses the self-check connects to, as the CA would."""
+        return AddressPolicy.allowing(self.http01_allow_reserved.split(","))
 
     @field_validator("log_level")
     @classmethod

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the demo and tests need: Pebble (CA + mock DNS), Knot and
 # Unbound (a real authoritative DNS server and the recursive resolver Let's
-# Encrypt uses, for certflow/dev/realdns.py), kdig for poking at them by hand,
+# Encrypt uses, for certflow/dev/realdns.py; python3-unbound for its policy
+# module), kdig for poking at them by hand,
 # and docker-compose (only to validate docker-compose.yml; no engine is used).
 # The tests run knotd and unbound as their own processes; the packages' system
 # services are kept from starting (policy-rc.d below).
@@ -17,6 +18,8 @@ command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2
 command -v knotd >/dev/null 2>&1 && command -v knotc >/dev/null 2>&1 || missing+=(knot)
 command -v unbound >/dev/null 2>&1 && command -v unbound-control >/dev/null 2>&1 || missing+=(unbound)
 command -v kdig >/dev/null 2>&1 || missing+=(knot-dnsutils)
+# Unbound's Python module, for tests where the resolver fails one record type.
+[ -f /usr/lib/python3/dist-packages/unboundmodule.py ] || missing+=(python3-unbound)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -767,11 +767,17 @@ def certflow_environment(
         "CERTFLOW_CNAME_TARGET": cname_target,
         "CERTFLOW_DNS_RESOLVER": pebble.dns_resolver,
         "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{pebble.http01_port}",
-        # The self-check fetches the challenge where Pebble will: its HTTP-01 port.
+        # The self-check fetches the challenge where Pebble will: its HTTP-01 port,
+        # on loopback (reserved addresses a real CA never connects to).
         "CERTFLOW_HTTP01_SELF_CHECK_PORT": str(pebble.http01_port),
+        "CERTFLOW_HTTP01_ALLOW_RESERVED": LOOPBACK_NETWORKS,
     }
     env.update(extra or {})
     return env
+
+
+LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"
+"""Where the dev stack's hosts live: reserved, so the self-check must be told."""
 
 
 @dataclass

@@ -50,6 +50,10 @@ callback per endpoint::
     ...
     remove()
 
+:meth:`FaultProxy.before_forwarding` registers the same kind of callback to
+run *before* a request reaches Pebble (e.g. change what Pebble's validation
+will see the moment a challenge is accepted).
+
 The callback runs in the proxy's handler thread after Pebble answered a
 forwarded request and before that answer is relayed to the client, so a
 callback that blocks holds the answer back (and one that kills the client
@@ -308,6 +312,25 @@ class Forwarded:
 
 
 ForwardedCallback = Callable[[Forwarded], None]
+
+
+@dataclass(frozen=True)
+class Arriving:
+    """A request about to be forwarded to Pebble, as given to
+    :meth:`FaultProxy.before_forwarding` callbacks."""
+
+    endpoint: Endpoint
+    method: str
+    path: str
+    request_body: bytes | None
+
+    @property
+    def payload(self) -> bytes | None:
+        """The decoded JWS payload of a POST (``b""`` for POST-as-GET), else None."""
+        return _jws_payload(self.request_body)
+
+
+ArrivingCallback = Callable[[Arriving], None]
 
 
 def _jws_payload(body: bytes | None) -> bytes | None:
@@ -883,6 +906,7 @@ class _State:
         self.renewal_info: _RenewalInfo | None = None
         self.renewal_info_requests: list[str] = []
         self.hooks: dict[Endpoint, list[ForwardedCallback]] = {}
+        self.before: dict[Endpoint, list[ArrivingCallback]] = {}
         self.limits = _Limits()
 
     def receive(self, endpoint: Endpoint) -> Fault | None:
@@ -974,6 +998,13 @@ class _Handler(BaseHTTPRequestHandler):
                 logger.debug("new-order refused by the limits emulator: %s", verdict.decision)
                 self._answer_rate_limited(verdict.decision)
                 return
+        with state.lock:
+            before = list(state.before.get(endpoint, ()))
+        for callback in before:
+            try:
+                callback(Arriving(endpoint, self.command, self.path, body))
+            except Exception:  # a test's callback must never break the proxy
+                logger.exception("faultproxy before_forwarding callback for %s failed", endpoint)
         created = False
         try:
             response = self._forward(endpoint, body)
@@ -1398,6 +1429,23 @@ class FaultProxy:
         def remove() -> None:
             with self._state.lock:
                 callbacks = self._state.hooks.get(endpoint, [])
+                if callback in callbacks:
+                    callbacks.remove(callback)
+
+        return remove
+
+    def before_forwarding(
+        self, endpoint: Endpoint, callback: ArrivingCallback
+    ) -> Callable[[], None]:
+        """Call ``callback(Arriving)`` for every request to ``endpoint`` about to be
+        forwarded to Pebble, in the handler thread, before Pebble sees it (a callback
+        that blocks holds the request back). Returns a function that removes it."""
+        with self._state.lock:
+            self._state.before.setdefault(endpoint, []).append(callback)
+
+        def remove() -> None:
+            with self._state.lock:
+                callbacks = self._state.before.get(endpoint, [])
                 if callback in callbacks:
                     callbacks.remove(callback)
 

@@ -8,6 +8,12 @@ stub-zone, so answers carry real DNS semantics: CNAME chains, CAA, negative
 answers, TTLs. Point certflow (``CERTFLOW_DNS_RESOLVER``) and Pebble
 (``start_pebble(dns_server=...)``) at :attr:`RealDns.resolver`.
 
+``start_real_dns(..., failures=True)`` also loads a small policy into Unbound
+(its Python module, Debian's ``python3-unbound``) that answers SERVFAIL for the
+names and types :meth:`RealDns.fail_lookups` lists: a customer's name server
+that fails one record type (AAAA, say) while answering the others, as seen by a
+real recursive resolver.
+
 Every record edit rewrites the zone file, reloads it in Knot, flushes Unbound's
 cache for the zone and returns only once Unbound gives the new answer for every
 edited name and type. (A client's query that was already in flight during the
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import ipaddress
 import os
 import shutil
@@ -51,7 +58,9 @@ from certflow.dev.devstack import (
 
 __all__ = ["RECORD_TTL", "REALDNS_HINT", "RealDns", "start_real_dns"]
 
-REALDNS_HINT = "run scripts/setup.sh (or `apt-get install knot unbound knot-dnsutils`)"
+REALDNS_HINT = (
+    "run scripts/setup.sh (or `apt-get install knot unbound knot-dnsutils python3-unbound`)"
+)
 
 RECORD_TTL = 1
 """Default TTL (seconds) of every record, and the zone's negative TTL."""
@@ -99,7 +108,9 @@ class RealDns:
         unbound: _Process,
         knot_port: int,
         unbound_port: int,
+        failures: bool = False,
     ) -> None:
+        self._failures = failures
         self._zone = zone
         self._workdir = workdir
         self._socket_dir = socket_dir
@@ -238,6 +249,51 @@ class RealDns:
                 self._depth -= 1
             if outer and self._touched:
                 self._commit()
+
+    def fail_lookups(self, name: str, rdtypes: Sequence[str]) -> None:
+        """Make Unbound answer SERVFAIL for ``name``'s ``rdtypes`` (empty: answer
+        normally again), the records in Knot untouched; returns once Unbound does.
+        Needs ``start_real_dns(..., failures=True)``."""
+        if not self._failures:
+            raise StackError("start_real_dns(..., failures=True) to fail lookups")
+        owner = self._name_any(name)
+        kinds = [dns.rdatatype.RdataType.make(t) for t in rdtypes]
+        with self._lock:
+            rules = self._failing_rules()
+            rules = {r for r in rules if r[0] != owner.to_text().lower()}
+            rules |= {(owner.to_text().lower(), dns.rdatatype.to_text(k)) for k in kinds}
+            path = self._workdir / _FAILURES_FILE
+            path.write_text("".join(f"{n} {t}\n" for n, t in sorted(rules)))
+            for kind in (dns.rdatatype.A, dns.rdatatype.AAAA, *kinds):
+                self._run(
+                    "unbound-control",
+                    [
+                        self._unbound_control, "-c", str(self._workdir / "unbound.conf"),
+                        "flush_type", owner.to_text(), dns.rdatatype.to_text(kind),
+                    ],
+                    self._unbound,
+                )
+            deadline = time.monotonic() + _DEADLINE_S
+            for kind in kinds:
+                self._until(
+                    deadline,
+                    functools.partial(self._servfails, owner, kind),
+                    f"Unbound to SERVFAIL {owner} {dns.rdatatype.to_text(kind)}",
+                )
+
+    def _failing_rules(self) -> set[tuple[str, str]]:
+        path = self._workdir / _FAILURES_FILE
+        if not path.exists():
+            return set()
+        return {
+            (parts[0], parts[1])
+            for parts in (line.split() for line in path.read_text().splitlines())
+            if len(parts) == 2
+        }
+
+    def _servfails(self, owner: dns.name.Name, rdtype: dns.rdatatype.RdataType) -> bool:
+        response = self._try_ask(owner, rdtype)
+        return response is not None and response.rcode() == dns.rcode.SERVFAIL
 
     # ------------------------------------------------------------------- querying
 
@@ -512,10 +568,67 @@ zone:
 """
 
 
+_FAILURES_FILE = "servfail.rules"
+_FAILURES_SCRIPT = "servfail_policy.py"
+# Unbound's Python module (python3-unbound): SERVFAIL for the "<name> <TYPE>"
+# lines of the rules file, read on every query; every other query goes on to the
+# iterator untouched.
+_FAILURES_POLICY = """\
+import os
+
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servfail.rules")
+
+
+def _failing():
+    try:
+        with open(RULES) as rules:
+            return {tuple(line.split()) for line in rules if line.strip()}
+    except OSError:
+        return set()
+
+
+def init_standard(id, env):
+    return True
+
+
+def deinit(id):
+    return True
+
+
+def inform_super(id, qstate, superqstate, qdata):
+    return True
+
+
+def operate(id, event, qstate, qdata):
+    if event in (MODULE_EVENT_NEW, MODULE_EVENT_PASS):
+        asked = (qstate.qinfo.qname_str.lower(), qstate.qinfo.qtype_str)
+        if asked in _failing():
+            qstate.return_rcode = RCODE_SERVFAIL
+            qstate.ext_state[id] = MODULE_FINISHED
+        else:
+            qstate.ext_state[id] = MODULE_WAIT_MODULE
+        return True
+    if event == MODULE_EVENT_MODDONE:
+        qstate.ext_state[id] = MODULE_FINISHED
+        return True
+    qstate.ext_state[id] = MODULE_ERROR
+    return True
+"""
+# Where Debian's python3-unbound puts unboundmodule.py, which the module imports.
+_UNBOUND_PYTHONPATH = "/usr/lib/python3/dist-packages"
+
+
 def _unbound_conf(
-    workdir: Path, socket_dir: Path, port: int, knot_port: int, zone: dns.name.Name
+    workdir: Path,
+    socket_dir: Path,
+    port: int,
+    knot_port: int,
+    zone: dns.name.Name,
+    failures: bool = False,
 ) -> str:
     name = zone.to_text()
+    modules = "python iterator" if failures else "iterator"
+    policy = f'python:\n    python-script: "{workdir / _FAILURES_SCRIPT}"\n' if failures else ""
     return f"""\
 # written by certflow.dev.realdns
 server:
@@ -536,7 +649,7 @@ server:
     num-threads: 1
     so-reuseport: no
     # No DNSSEC: the zone is unsigned and there is no trust anchor to reach.
-    module-config: "iterator"
+    module-config: "{modules}"
     qname-minimisation: yes
     prefetch: no
     serve-expired: no
@@ -544,7 +657,7 @@ server:
     # ...), which would answer NXDOMAIN for every name; with no local data it
     # lets queries through to the stub.
     local-zone: "{name}" transparent
-remote-control:
+{policy}remote-control:
     control-enable: yes
     control-interface: "{socket_dir / 'unbound.ctl'}"
     control-use-cert: no
@@ -554,11 +667,13 @@ stub-zone:
 """
 
 
-def start_real_dns(workdir: Path, zone: str = "test") -> RealDns:
+def start_real_dns(workdir: Path, zone: str = "test", *, failures: bool = False) -> RealDns:
     """Start Knot (authoritative for ``zone``) and Unbound (recursive) in ``workdir``.
 
     Blocks until Unbound answers the zone's SOA. The zone starts with just its
     SOA and NS; records get a 1 s TTL and negative answers a 1 s TTL.
+    ``failures``: Unbound can be told to SERVFAIL chosen lookups
+    (:meth:`RealDns.fail_lookups`; needs python3-unbound).
     """
     knotd, unbound = _find_sbin("knotd"), _find_sbin("unbound")
     for tool in ("knotc", "unbound-control"):
@@ -583,11 +698,21 @@ def start_real_dns(workdir: Path, zone: str = "test") -> RealDns:
     _require_free("unbound", unbound_port)
     (workdir / "knot.conf").write_text(_knot_conf(workdir, socket_dir, knot_port, origin))
     (workdir / "unbound.conf").write_text(
-        _unbound_conf(workdir, socket_dir, unbound_port, knot_port, origin)
+        _unbound_conf(workdir, socket_dir, unbound_port, knot_port, origin, failures)
     )
+    unbound_env = None
+    if failures:
+        if not Path(_UNBOUND_PYTHONPATH, "unboundmodule.py").exists():
+            raise StackError(f"Unbound's Python module is missing; {REALDNS_HINT}")
+        (workdir / _FAILURES_SCRIPT).write_text(_FAILURES_POLICY)
+        (workdir / _FAILURES_FILE).write_text("")
+        unbound_env = {"PYTHONPATH": _UNBOUND_PYTHONPATH}
     knot = _Process("knotd", [knotd, "-c", str(workdir / "knot.conf")], workdir / "knot.log")
     resolver = _Process(
-        "unbound", [unbound, "-d", "-c", str(workdir / "unbound.conf")], workdir / "unbound.log"
+        "unbound",
+        [unbound, "-d", "-c", str(workdir / "unbound.conf")],
+        workdir / "unbound.log",
+        env=unbound_env,
     )
     dns_ = RealDns(
         zone=origin,
@@ -597,6 +722,7 @@ def start_real_dns(workdir: Path, zone: str = "test") -> RealDns:
         unbound=resolver,
         knot_port=knot_port,
         unbound_port=unbound_port,
+        failures=failures,
     )
     dns_._write_zone(dns_._serial)
     atexit.register(dns_.stop)

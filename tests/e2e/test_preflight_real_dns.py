@@ -59,6 +59,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -74,7 +75,7 @@ from cryptography import x509
 from certflow.client import CertflowClient
 from certflow.contract import DOMAIN_CHECK_WORKFLOW
 from certflow.dev import devstack, realdns
-from certflow.dev.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
+from certflow.dev.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from certflow.dev.realdns import RealDns
 from certflow.errors import ErrorCode
 from certflow.models import CertificateState, CertificateStatus, Phase
@@ -91,6 +92,8 @@ DEAD = "dead.saas.test"  # the unchecked worker's: A 127.0.0.9, where nothing li
 NOWHERE = "127.0.0.9"
 REDIRECTOR = "127.0.0.10"
 NOT_FOUND = "127.0.0.11"
+RESERVED = "127.0.0.12"  # answers the challenge, but the routed worker may not connect to it
+ROUTED_HOSTS = f"127.0.0.1/32,{NOWHERE}/32,{REDIRECTOR}/32,{NOT_FOUND}/32,::1/128"
 ISSUER = "letsencrypt.org"  # CERTFLOW_CAA_ISSUER_DOMAIN's default
 ARROW = " → "
 LONG_BACKOFF_S = 600
@@ -262,7 +265,7 @@ def stack(
 ) -> Iterator[DnsStack]:
     workdir = tmp_path_factory.mktemp("preflight-realdns")
     with contextlib.ExitStack() as cleanup:
-        dns = realdns.start_real_dns(workdir / "dns")
+        dns = realdns.start_real_dns(workdir / "dns", failures=True)
         cleanup.callback(dns.stop)
         with dns.batch():
             dns.set_a(EDGE, ["127.0.0.1"])
@@ -304,6 +307,10 @@ def stack(
                 "127.0.0.2",
                 CERTFLOW_DNS_RECHECK_INITIAL_SECONDS=str(LONG_BACKOFF_S),
                 CERTFLOW_DNS_RECHECK_MAX_SECONDS=str(LONG_BACKOFF_S * 6),
+                # Only the loopback "hosts" the cases use: any other is reserved, as
+                # every loopback address is to a real CA.
+                CERTFLOW_HTTP01_ALLOW_RESERVED=ROUTED_HOSTS,
+                CERTFLOW_METRICS_LISTEN=f"127.0.0.1:{devstack.free_port()}",
             ),
             "unchecked": environment(
                 "unchecked",
@@ -515,6 +522,14 @@ async def open_challenge(db: asyncpg.Pool, hostname: str) -> tuple[str, str]:
     return str(row["http_order_url"]), urllib.parse.urlsplit(row["http_challenge_url"]).path
 
 
+async def challenge_token(db: asyncpg.Pool, hostname: str) -> str:
+    token = await db.fetchval(
+        "SELECT http_challenge_token FROM certificates WHERE hostname = $1", hostname
+    )
+    assert token, hostname
+    return str(token)
+
+
 async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
     stack: DnsStack, clients: dict[str, CertflowClient], db: asyncpg.Pool
 ) -> None:
@@ -538,9 +553,13 @@ async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
         )
         show("case 6a", waiting, stack)
         assert waiting.status is CertificateStatus.PENDING and waiting.retry_count == 0
-        message = waiting.error_message or ""
-        assert f"{NOWHERE}:{stack.http01_port}" in message and "connection refused" in message
         order_url, challenge = await open_challenge(db, hostname)
+        token = await challenge_token(db, hostname)
+        # The CA's own words for it (va/va.go detailedError).
+        assert waiting.error_message == (
+            f"{NOWHERE}: Fetching http://{hostname}/.well-known/acme-challenge/{token}:"
+            " Connection refused"
+        )
         assert stack.proxy.new_orders_for(hostname) == 1
         assert challenge in stack.ca.challenge_paths(hostname)
         assert stack.ca.accepts(hostname, challenge) == 0, "the CA was asked to validate"
@@ -570,15 +589,22 @@ async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
 class _Server:
     """A one-answer HTTP server on address:port, recording what it was asked."""
 
-    def __init__(self, address: str, port: int, answer: Callable[[str], tuple[int, dict[str, str]]]) -> None:
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        answer: Callable[[str], tuple[int, dict[str, str]]],
+        body: Callable[[str], bytes] = lambda path: b"not here\n",
+    ) -> None:
         self.requests: list[tuple[str, str]] = []
         server = self
+        make_body = body
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 server.requests.append((self.headers.get("Host", ""), self.path))
                 status, headers = answer(self.path)
-                body = b"not here\n"
+                body = make_body(self.path)
                 self.send_response(status)
                 for name, value in {**headers, "Content-Length": str(len(body))}.items():
                     self.send_header(name, value)
@@ -599,16 +625,15 @@ class _Server:
 async def test_redirect_to_a_404_is_caught_before_the_ca(
     stack: DnsStack, clients: dict[str, CertflowClient], db: asyncpg.Pool
 ) -> None:
-    """Case 6b: the hostname's address answers 302 to http://elsewhere.<apex>/…,
-    whose address answers 404: HTTP01_UNREACHABLE saying so, nothing accepted."""
+    """Case 6b: the hostname's address answers 302 to http://127.0.0.11/…, which
+    answers 404: HTTP01_UNREACHABLE in the CA's words, nothing accepted. (The
+    target is an IP literal: a name under ``.test`` is no IANA TLD, which the CA
+    refuses before fetching anything — case 9c's business.)"""
     client = clients["routed"]
     port = stack.http01_port
     hostname, apex = stack.customer("c6b", target=ROUTE)
-    elsewhere = f"elsewhere.{apex}"
-    with stack.dns.batch():
-        stack.dns.set_a(ROUTE, [REDIRECTOR])
-        stack.dns.set_a(elsewhere, [NOT_FOUND])
-    redirector = _Server(REDIRECTOR, port, lambda path: (302, {"Location": f"http://{elsewhere}{path}"}))
+    stack.dns.set_a(ROUTE, [REDIRECTOR])
+    redirector = _Server(REDIRECTOR, port, lambda path: (302, {"Location": f"http://{NOT_FOUND}{path}"}))
     missing = _Server(NOT_FOUND, port, lambda path: (404, {}))
     try:
         await client.request([hostname])
@@ -618,21 +643,17 @@ async def test_redirect_to_a_404_is_caught_before_the_ca(
             )
             show("case 6b", waiting, stack)
             _, challenge = await open_challenge(db, hostname)
-            token = (await db.fetchval(
-                "SELECT http_challenge_token FROM certificates WHERE hostname = $1", hostname
-            ))
-            path = f"/.well-known/acme-challenge/{token}"
+            path = f"/.well-known/acme-challenge/{await challenge_token(db, hostname)}"
             assert waiting.error_message == (
-                f"GET http://{hostname}{path} from {REDIRECTOR}:{port} "
-                f"redirected to http://{elsewhere}{path} at {NOT_FOUND}:{port}, which answered 404"
+                f"{NOT_FOUND}: Invalid response from http://{NOT_FOUND}{path}: 404"
             )
             assert waiting.status is CertificateStatus.PENDING and waiting.retry_count == 0
             assert stack.proxy.new_orders_for(hostname) == 1
             assert stack.ca.accepts(hostname, challenge) == 0
             assert stack.ca.invalid(hostname) == []
             print(f"[case 6b] redirector saw {redirector.requests}; 404 server saw {missing.requests}")
-            assert (hostname, path) in [(h.split(":")[0], p) for h, p in redirector.requests]
-            assert (f"{elsewhere}:{port}", path) in missing.requests
+            assert (hostname, path) in redirector.requests  # Host: the hostname, no port
+            assert (NOT_FOUND, path) in missing.requests
         finally:
             await client.cancel(hostname)
     finally:
@@ -666,6 +687,174 @@ async def test_without_the_self_check_the_ca_charges_a_failed_validation(
         assert invalid, "the CA never reported the failed validation"
     finally:
         await client.cancel(hostname)
+
+
+# ------------------------------------------- the self-check fetches as the CA does (case 9)
+
+
+def _challenge(hostname: str, port: int, path: str) -> bytes:
+    """The challenge as the responder (main worker, 127.0.0.1) answers it for hostname."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Host": hostname})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            body: bytes = response.read()
+            return body
+    except OSError:
+        return b""
+
+
+def _self_checks(stack: DnsStack, result: str, reason: str) -> float:
+    """certflow_http01_self_check_total{result, reason} on the routed worker."""
+    url = f"http://{stack.envs['routed']['CERTFLOW_METRICS_LISTEN']}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("certflow_http01_self_check_total{") and (
+            f'result="{result}"' in line and f'reason="{reason}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_an_aaaa_that_refuses_falls_back_to_the_a_and_issues(
+    stack: DnsStack, clients: dict[str, CertflowClient], db: asyncpg.Pool
+) -> None:
+    """Case 9a: the edge's AAAA is ::1, where nothing listens on the CA's port (an
+    edge whose IPv6 is down), its A 127.0.0.1 answers. The CA tries the first
+    AAAA, and only after that dial error the first A (va/http.go fallbackErr):
+    the self-check passes, one accept, ACTIVE, nothing invalid.
+
+    Pebble 2.4 dials only the first address it resolves and never falls back
+    (va/va.go fetchHTTP: ``addrs[0]``), so — standing in for Boulder's fallback —
+    the AAAA is withdrawn from DNS the moment the accept reaches the CA (a proxy
+    hook before forwarding), after checking it was still there: the self-check
+    met the refusing AAAA. Red before this change (every address had to answer):
+    HTTP01_UNREACHABLE "… [::1]:… connection refused", no accept."""
+    client = clients["routed"]
+    hostname, _ = stack.customer("c9a", target=ROUTE)
+    aaaa_at_accept: list[list[str]] = []
+
+    def withdraw_aaaa(request: Arriving) -> None:
+        if request.method == "POST" and request.payload == b"{}" and (
+            urllib.parse.urlsplit(request.path).path in stack.ca.challenge_paths(hostname)
+        ):
+            answer = stack.dns.query(hostname, "AAAA")
+            aaaa_at_accept.append([rd.to_text() for rrset in answer.answer for rd in rrset if rrset.rdtype == 28])
+            stack.dns.set_aaaa(ROUTE, [])
+
+    stack.dns.set_aaaa(ROUTE, ["::1"])
+    remove = stack.proxy.before_forwarding(Endpoint.CHALLENGE, withdraw_aaaa)
+    try:
+        report = await issued(stack, client, hostname, "case 9a")
+    finally:
+        remove()
+        stack.dns.set_aaaa(ROUTE, [])
+    assert aaaa_at_accept == [["::1"]], aaaa_at_accept
+    assert report.status is CertificateStatus.ACTIVE
+    assert stack.ca.accepts(hostname) == 1
+    await no_failure_on_the_way(client, hostname)
+
+
+async def test_an_aaaa_lookup_that_servfails_is_no_failure(
+    stack: DnsStack, clients: dict[str, CertflowClient]
+) -> None:
+    """Case 9b: the resolver answers SERVFAIL for the hostname's AAAA (a customer
+    name server that fails one type) and the A normally. The CA looks both up
+    together and fails only when both fail (va/dns.go getAddrs): the self-check
+    passes and the CA (Pebble too: it ignores a failed AAAA answer) issues, at
+    the first attempt. Red before this change: a failed AAAA lookup failed the
+    self-check as ACME_TEMPORARY (a failure event, the budget spent; the kept
+    order then skipped the self-check and was re-accepted after 5 s)."""
+    client = clients["routed"]
+    hostname, _ = stack.customer("c9b", target=ROUTE)
+    stack.dns.fail_lookups(hostname, ["AAAA"])
+    try:
+        await issued(stack, client, hostname, "case 9b")
+    finally:
+        stack.dns.fail_lookups(hostname, [])
+    assert stack.ca.accepts(hostname) == 1
+    await no_failure_on_the_way(client, hostname)
+
+
+async def no_failure_on_the_way(client: CertflowClient, hostname: str) -> None:
+    """ACTIVE at the first attempt: no event on the way carries an error code."""
+    events = await client.events(hostname)
+    assert [e.error_code for e in events if e.error_code] == [], events
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "location", "detail"),
+    [
+        ("c9c", 303, f"http://{RESERVED}{{path}}", "received disallowed redirect status code"),
+        (
+            "c9d",
+            302,
+            f"http://{RESERVED}{{path}}",
+            "Invalid host in redirect target: IP address is in a reserved address block:"
+            " [RFC1122], Section 3.2.1.3: Loopback",
+        ),
+        (
+            "c9e",
+            302,
+            "http://elsewhere.{apex}{path}",
+            "Invalid host in redirect target, must end in IANA registered TLD",
+        ),
+    ],
+    ids=["303", "reserved-address", "not-an-iana-tld"],
+)
+async def test_a_redirect_the_ca_refuses_is_caught_before_the_ca(
+    stack: DnsStack,
+    clients: dict[str, CertflowClient],
+    db: asyncpg.Pool,
+    case: str,
+    status: int,
+    location: str,
+    detail: str,
+) -> None:
+    """Case 9c-e: the edge redirects somewhere that answers the key authorization,
+    but in a way the CA refuses (va/http.go processRedirect, extractRequestTarget):
+    a 303, a reserved address (127.0.0.12: the routed worker, like a real CA, may
+    connect to none but the loopback hosts the cases use), a host under no IANA
+    TLD. HTTP01_UNREACHABLE in the CA's words, PENDING, budget untouched, no
+    accept, the metric counted with reason ``redirect``. Red before this change:
+    each was followed, the challenge answered, and the order accepted."""
+    client = clients["routed"]
+    port = stack.http01_port
+    hostname, apex = stack.customer(case, target=ROUTE)
+    elsewhere = f"elsewhere.{apex}"
+    stack.dns.set_a(ROUTE, [REDIRECTOR])
+    stack.dns.set_a(elsewhere, [RESERVED])
+    redirector = _Server(REDIRECTOR, port, lambda path: (
+        status, {"Location": location.format(hostname=hostname, apex=apex, path=path)}
+    ))
+    # What the target answers is the real challenge (relayed from the responder),
+    # so only the redirect itself can fail the check.
+    target = _Server(RESERVED, port, lambda path: (200, {}), body=lambda path: _challenge(hostname, port, path))
+    before = _self_checks(stack, "error", "redirect")
+    try:
+        await client.request([hostname])
+        try:
+            waiting = await wait_for(
+                client, hostname, has_code(ErrorCode.HTTP01_UNREACHABLE), what="HTTP01_UNREACHABLE"
+            )
+            show(case, waiting, stack)
+            _, challenge = await open_challenge(db, hostname)
+            path = f"/.well-known/acme-challenge/{await challenge_token(db, hostname)}"
+            assert _challenge(hostname, port, path)  # the target would have answered it
+            shown = location.format(hostname=hostname, apex=apex, path=path)
+            assert waiting.error_message == f"{REDIRECTOR}: Fetching {shown}: {detail}"
+            assert waiting.status is CertificateStatus.PENDING and waiting.retry_count == 0
+            assert stack.ca.accepts(hostname, challenge) == 0
+            assert stack.ca.invalid(hostname) == []
+            assert target.requests == []  # never fetched from where the CA would not go
+            assert _self_checks(stack, "error", "redirect") >= before + 1
+        finally:
+            await client.cancel(hostname)
+    finally:
+        redirector.stop()
+        target.stop()
+        stack.dns.set_a(ROUTE, ["127.0.0.1"])
+    assert stack.ca.accepts(hostname, challenge) == 0
 
 
 # ------------------------------------------------------------------ a long name (case 7)
@@ -796,8 +985,8 @@ async def test_starter_check(stack: DnsStack, clients: dict[str, CertflowClient]
     lines = check_lines(result.stdout)
     assert lines["cname"][0] == lines["caa"][0] == "ok"
     verdict, message = lines["http01"]
-    assert verdict == "FAIL" and f"{NOWHERE}:{stack.http01_port}" in message
-    assert "connection refused" in message
+    assert verdict == "FAIL" and message.startswith(f"{NOWHERE}: Fetching http://{c6}/")
+    assert message.endswith(": Connection refused")
 
     for hostname in (good, c1, c3, c4, c6):
         assert stack.proxy.new_orders_for(hostname) == 0, f"check ordered {hostname}"

@@ -168,6 +168,22 @@ def test_removed_type_gives_nodata_with_a_short_negative_ttl(real_dns: RealDns) 
     assert _texts(_ask(real_dns.resolver, "nodata.cust.test", "A"), "nodata.cust.test.", "A")
 
 
+def test_one_type_can_servfail_while_the_others_answer(tmp_path: Path) -> None:
+    """Unbound's policy module answers SERVFAIL for the listed name and type only;
+    cleared, the record Knot serves comes back."""
+    with realdns.start_real_dns(tmp_path / "dns", failures=True) as dns_:
+        with dns_.batch():
+            dns_.set_a("half.cust.test", ["127.0.0.9"])
+            dns_.set_aaaa("half.cust.test", ["::1"])
+        dns_.fail_lookups("half.cust.test", ["AAAA"])
+        assert _ask(dns_.resolver, "half.cust.test", "AAAA").rcode() == dns.rcode.SERVFAIL
+        assert _texts(_ask(dns_.resolver, "half.cust.test", "A"), "half.cust.test.", "A") == ["127.0.0.9"]
+        dns_.fail_lookups("half.cust.test", [])
+        assert _texts(_ask(dns_.resolver, "half.cust.test", "AAAA"), "half.cust.test.", "AAAA") == ["::1"]
+    with realdns.start_real_dns(tmp_path / "plain") as plain, pytest.raises(StackError, match="failures=True"):
+        plain.fail_lookups("half.cust.test", ["AAAA"])
+
+
 def test_a_record_at_another_loopback_address(real_dns: RealDns) -> None:
     real_dns.set_a("www.cust", ["127.0.0.9"])
     response = _ask(real_dns.resolver, "www.cust.test", "A")
