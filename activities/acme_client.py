@@ -102,7 +102,7 @@ def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
     """Translate whatever a CA call raised into the typed error (SPEC §4 order:
     rate limit first, then invalid order, then temporary), with the meaning
     ``activities.acme_problems`` gives it: a rate limit's scope, a refusal's code
-    (ACME_REJECTED, DNS_CAA, ACME_INVALID_ORDER), a refused ``replaces``."""
+    (ACME_REJECTED, ACME_CAA, ACME_INVALID_ORDER), a refused ``replaces``."""
     if isinstance(exc, AcmeProblemError):
         return exc
     problem_type = ""

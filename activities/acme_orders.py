@@ -441,7 +441,7 @@ class IssuerOrders:
             # Pebble answers `malformed` to a second accept; only the status tells.
             challenge = self._post_as_get(client, challenge_url).body
             if challenge.get("status") == AcmeStatus.INVALID:
-                # Table 2: caa → DNS_CAA, rejectedIdentifier → ACME_REJECTED, a failed
+                # Table 2: caa → ACME_CAA, rejectedIdentifier → ACME_REJECTED, a failed
                 # validation → ACME_INVALID_ORDER, each with the CA's detail.
                 raise challenge_failure(challenge.get("error"), "challenge invalid") from None
             if challenge.get("status") not in (AcmeStatus.PROCESSING, AcmeStatus.VALID):

@@ -226,7 +226,7 @@ class Refusal:
 
 
 _REJECTED = Refusal(ErrorCode.ACME_REJECTED, Effect.TERMINAL)
-_CAA = Refusal(ErrorCode.DNS_CAA, Effect.RECHECK)
+_CAA = Refusal(ErrorCode.ACME_CAA, Effect.NEW_ORDER)
 _INVALID = Refusal(ErrorCode.ACME_INVALID_ORDER, Effect.NEW_ORDER)
 _LIMITED = Refusal(ErrorCode.ACME_RATE_LIMITED, Effect.COOLDOWN)
 _TEMPORARY = Refusal(ErrorCode.ACME_TEMPORARY, Effect.RETRY)
@@ -239,7 +239,10 @@ REFUSALS: Mapping[str, Refusal] = {
     "invalidprofile": _REJECTED,
     # RFC 8555 §7.3.4: the CA registers no account without External Account Binding
     "externalaccountrequired": _REJECTED,
-    # CAA forbids the CA (va/caa.go, or ra/ra.go's recheck at finalize)
+    # CAA forbids the CA (va/caa.go, or ra/ra.go's recheck at finalize) although our
+    # own check allowed: Boulder counts it as a failed authorization (ra.go
+    # countFailedValidations), so it counts in the budget, and the workflow orders
+    # nothing more from that CA until its reading of CAA changes
     "caa": _CAA,
     # a failed validation (va/va.go detailedError, va/http.go); a top-level
     # unauthorized is an order of another account: a new order either way
@@ -354,8 +357,8 @@ def _message(
         return f"the CA is rate-limiting {scope}: {detail}"
     if code is ErrorCode.ACME_REJECTED:
         return f"the CA refused to issue for this hostname: {detail}"
-    if code is ErrorCode.DNS_CAA:
-        return f"the CA's CAA check forbids issuance: {detail}"
+    if code is ErrorCode.ACME_CAA:
+        return f"the CA's CAA check refused although ours allowed: {detail}"
     if code is ErrorCode.ACME_INVALID_ORDER:
         if challenge or suffix in _VALIDATION_FAILURES - {"unauthorized"}:
             return f"the CA could not validate the domain: {detail}"
@@ -423,7 +426,7 @@ def challenge_failure(
     problem: Mapping[str, Any] | None, default_detail: str = "the order became invalid"
 ) -> AcmeProblemError:
     """The typed error for a challenge's ``error`` (or an invalid order's), as the CA
-    sent it in JSON: e.g. ``caa`` → DNS_CAA, ``rejectedIdentifier`` → ACME_REJECTED,
+    sent it in JSON: e.g. ``caa`` → ACME_CAA, ``rejectedIdentifier`` → ACME_REJECTED,
     ``connection`` → ACME_INVALID_ORDER with the CA's detail (which address, what
     answered)."""
     problem = problem or {}

@@ -185,7 +185,9 @@ class CaaIssuer:
     """A CA as CAA sees it: its issuer domains and, once known, our account URL.
 
     ``domains`` are the CA's CAA issuer-domain-names (e.g. ``("letsencrypt.org",)``),
-    compared case-insensitively, trailing dot ignored. ``account_uri`` is our
+    normalized when configured (lower case, no trailing dot); a CAA value's
+    issuer-domain must equal one byte for byte, as Boulder compares them
+    (``LetsEncrypt.org`` is another issuer). ``account_uri`` is our
     ACME account URL at that CA (RFC 8657 ``accounturi`` is compared to it
     exactly); ``None`` while unknown, and then a value restricted to an account
     authorizes nothing. Raises ``ValueError`` for no domain or a malformed one.
@@ -316,7 +318,7 @@ def _unique(items: Iterable[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class _IssueValue:
-    """A parsed ``issue``/``issuewild`` value: issuer-domain (lower case, ``""``
+    """A parsed ``issue``/``issuewild`` value: issuer-domain as written (``""``
     for ``";"``) and its parameters in order, tags as written."""
 
     issuer: str
@@ -352,7 +354,9 @@ def _parse_issue_value(value: str) -> _IssueValue | None:
         ):
             return None
         parsed.append((tag, param_value))
-    return _IssueValue(issuer.lower(), tuple(parsed))
+    # Kept as written: Boulder compares issuer domains byte for byte
+    # (va/caa.go caaDomainMatches: caaDomain == issuerDomain).
+    return _IssueValue(issuer, tuple(parsed))
 
 
 def _param_values(value: _IssueValue, tag: str) -> list[str]:
@@ -446,6 +450,13 @@ def _decide(
             empty.append(record.value)
 
     others = ", ".join(_unique(named))
+    # Ours in another case: say why it does not count, as it surprises people.
+    cased = [d for d in _unique(named) if d.lower() in issuer.domains]
+    if cased:
+        others += (
+            f" (issuer domains compare exactly, as at the CA: {cased[0]}"
+            f" is not {cased[0].lower()})"
+        )
     if refused:
         reason = f"{where} " + "; ".join(
             f"allows {domain} " + ", or ".join(_unique(conditions))
@@ -591,9 +602,27 @@ async def check_caa(
     return verdict
 
 
+def caa_reading(found: CaaSet | None) -> str:
+    """The deciding CAA set as we read it, in one line that changes when the answer
+    does (records sorted: the order a resolver lists them in means nothing)."""
+    if found is None:
+        return "no CAA records up to the TLD"
+    return f"{found.location}: " + "; ".join(sorted(r.to_text() for r in found.records))
+
+
+@dataclass(frozen=True)
+class IssuersAllowed:
+    """What one CAA walk allows: issuer names in order, the reason for the first,
+    and the deciding set as read (:func:`caa_reading`)."""
+
+    names: list[str]
+    reason: str
+    reading: str
+
+
 async def allowed_issuers(
     hostname: str, issuers: Sequence[tuple[str, CaaIssuer]], lookup: CaaLookup
-) -> tuple[list[str], str]:
+) -> IssuersAllowed:
     """The names of the ``issuers`` (name, CA) that CAA lets issue for ``hostname``,
     in the order given, and the reason for the first; one CAA set decides for all.
 
@@ -611,7 +640,7 @@ async def allowed_issuers(
     allowed = [name for name, verdict in verdicts if verdict.allowed]
     if allowed:
         first = next(verdict for name, verdict in verdicts if name == allowed[0])
-        return allowed, first.reason
+        return IssuersAllowed(allowed, first.reason, caa_reading(found))
     assert found is not None  # no set at all permits every CA
     reason = verdicts[0][1].reason
     if len(issuers) > 1:
@@ -862,18 +891,18 @@ class DnsChecker:
         listed = self.issuers() if callable(self.issuers) else self.issuers
         return listed or ((DEFAULT_ISSUER, self.caa_issuer),)
 
-    async def check(self, hostname: str) -> list[str]:
-        """Run the CNAME check, then the CAA check, for ``hostname``; the names of
-        the issuers CAA allows, in order of preference.
+    async def check(self, hostname: str) -> DnsVerdict:
+        """Run the CNAME check, then the CAA check, for ``hostname``: the names of
+        the issuers CAA allows, in order of preference, and the CAA set as read.
 
         Raises ``DnsCheckError`` (DNS_CNAME, DNS_CAA or ACME_TEMPORARY), or
         ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
         """
         await self.check_cname(hostname)
-        allowed, _ = await allowed_issuers(
+        allowed = await allowed_issuers(
             normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
         )
-        return allowed
+        return DnsVerdict(allowed_issuers=allowed.names, caa_reading=allowed.reading)
 
     async def check_cname(self, hostname: str) -> str:
         """The CNAME check alone; what was found when it passes."""
@@ -883,11 +912,12 @@ class DnsChecker:
 
     async def check_caa(self, hostname: str) -> str:
         """The CAA check alone; the verdict's reason when it allows one of our CAs."""
-        allowed, reason = await allowed_issuers(
+        allowed = await allowed_issuers(
             normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
         )
+        reason = allowed.reason
         if len(self.caa_issuers) > 1:
-            reason += f" (issuers allowed: {', '.join(allowed)})"
+            reason += f" (issuers allowed: {', '.join(allowed.names)})"
         return reason
 
     async def lookup_cname(self, name: str) -> list[CnameAnswer]:
@@ -931,10 +961,10 @@ class DnsActivities:
         started = time.monotonic()
         try:
             with step_span("dns_check", **{"certificate.hostname": input.hostname}):
-                allowed = await self._checker.check(input.hostname)
+                verdict = await self._checker.check(input.hostname)
         except DnsCheckError as err:
             dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
             self._metrics.step("dns_check", "dns_error" if dns else "error", started)
             raise to_application_error(err) from None
         self._metrics.step("dns_check", "ok", started)
-        return DnsVerdict(allowed_issuers=allowed)
+        return verdict

@@ -25,6 +25,8 @@ class ErrorCode(StrEnum):
     ACME_TEMPORARY = "ACME_TEMPORARY"
     ACME_FAILED = "ACME_FAILED"
     ACME_REJECTED = "ACME_REJECTED"
+    ACME_CAA = "ACME_CAA"
+    """The CA's own CAA check refused although ours allowed (a failed authorization)."""
     HTTP01_UNREACHABLE = "HTTP01_UNREACHABLE"
     INVALID_HOSTNAME = "INVALID_HOSTNAME"
 
@@ -46,6 +48,10 @@ USER_MESSAGES: dict[ErrorCode, str] = {
     ),
     ErrorCode.ACME_REJECTED: (
         "The certificate authority refused this hostname. Contact support."
+    ),
+    ErrorCode.ACME_CAA: (
+        "The certificate authority found DNS CAA records that do not allow it."
+        " Check the CAA records of this hostname and its parents."
     ),
     ErrorCode.INVALID_HOSTNAME: "This is not a hostname a certificate can be issued for.",
     ErrorCode.HTTP01_UNREACHABLE: (

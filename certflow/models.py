@@ -95,6 +95,17 @@ class CertificateInput(Frozen):
     starts from ``carried`` and this policy without reading the row again."""
 
 
+class CaaDisagreement(Frozen):
+    """A CA refused on CAA although our check allowed: no new order goes to it for
+    this hostname until our reading of CAA changes (or ``retry``)."""
+
+    reading: str | None
+    """The deciding CAA set as we read it when the CA refused (None: not read in
+    that attempt; the next reading becomes the one to change from)."""
+    detail: str
+    """The CA's words."""
+
+
 class CarriedWaits(Frozen):
     """What a run that continued as new in the middle of waiting hands to the next."""
 
@@ -108,6 +119,8 @@ class CarriedWaits(Frozen):
     """Issuers this certificate fell back from, with why (cooldown, budget, down)."""
     unreachable_since: datetime | None = None
     """Since when the attempt's issuer has been unreachable, while it is."""
+    caa_disagreements: dict[str, CaaDisagreement] = {}
+    """Issuers whose own CAA check refused this hostname, by issuer name."""
 
 
 class ProvisioningPolicy(Frozen):
@@ -182,9 +195,12 @@ class CheckDnsInput(Frozen):
 
 class DnsVerdict(Frozen):
     """What check_dns found: the issuers CAA lets issue, in order of preference
-    (check_dns in histories from before issuers returned nothing)."""
+    (check_dns in histories from before issuers returned nothing), and the
+    deciding CAA set as we read it (None in histories from before it was kept)."""
 
     allowed_issuers: list[str]
+    caa_reading: str | None = None
+
 
 
 class CreateOrderInput(Frozen):

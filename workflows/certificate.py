@@ -35,9 +35,11 @@ with workflow.unsafe.imports_passed_through():
         webhook_workflow_id,
     )
     from certflow.errors import ErrorCode
+    from certflow.issuers import DEFAULT_ISSUER
     from certflow.models import (
         ISSUABLE,
         AcceptChallengeInput,
+        CaaDisagreement,
         CarriedWaits,
         CertificateInput,
         CertificateRecord,
@@ -152,6 +154,10 @@ class CertificateWorkflow:
         self._allowed: list[str] = []
         self._passed_over: dict[str, str] = dict(waits.passed_over)
         self._unreachable_since: datetime | None = waits.unreachable_since
+        self._caa_disagreements: dict[str, CaaDisagreement] = dict(waits.caa_disagreements)
+        """CAs whose own CAA check refused although ours allowed, with our reading then."""
+        self._caa_reading: str | None = None
+        """The attempt's reading of the deciding CAA set (None: not read this attempt)."""
         self._fell_back = False
         self._window_moved = False
         self._after_issuance = False
@@ -254,6 +260,7 @@ class CertificateWorkflow:
             order_url, challenge_url = record.order_url, record.challenge_url
             accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
             self_check = False
+            self._caa_reading = None
             if order_url is None:
                 allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
                 if not record.skips_dns:
@@ -263,7 +270,10 @@ class CertificateWorkflow:
                     )
                     if verdict is not None:  # None in histories from before issuers
                         allowed = verdict.allowed_issuers
+                        self._caa_reading = verdict.caa_reading
                     self._check_stop()
+                if self._caa_disagreements:
+                    allowed = self._not_disagreeing(allowed)
                 self._choose_issuer(record, allowed, policy)
                 self._enter(Phase.CREATING_ORDER)
                 accept_first = workflow.patched(PLACE_ORDER_PATCH)
@@ -352,6 +362,36 @@ class CertificateWorkflow:
             self._issuer, policy.issuers, allowed, self._passed_over, preferred
         )
 
+    def _not_disagreeing(self, allowed: list[str]) -> list[str]:
+        """The allowed issuers less those whose own CAA check refused this hostname
+        while our reading has not changed since (a CA refused on its reading: ordering
+        there again only spends a failed authorization). AttemptFailed DNS_CAA when
+        that leaves none."""
+        reading = self._caa_reading
+        kept = []
+        for name in allowed:
+            disagreement = self._caa_disagreements.get(name)
+            if disagreement is None:
+                kept.append(name)
+            elif disagreement.reading is None:
+                # Not read when the CA refused: this reading is the one to change from.
+                self._caa_disagreements[name] = disagreement.model_copy(update={"reading": reading})
+            elif disagreement.reading != reading:
+                del self._caa_disagreements[name]  # the answer changed: try it again
+                kept.append(name)
+        if kept or not allowed:
+            return kept
+        name = allowed[0]
+        held = self._caa_disagreements[name]
+        ca = "the CA" if name == DEFAULT_ISSUER else f"the CA {name}"
+        raise AttemptFailed(
+            ErrorCode.DNS_CAA,
+            f"{ca} refused on CAA although our check allows it ({held.detail}); we read"
+            f" {held.reading or 'nothing'}. No new order goes to {ca} until that reading"
+            " changes, or retry.",
+            None,
+        )
+
     def _named(self, issuer: str | None) -> str | None:
         """An issuer as rows name it: None is the first configured."""
         if issuer is None and self._policy.issuers:
@@ -416,6 +456,10 @@ class CertificateWorkflow:
 
     async def _record_failure(self, failure: AttemptFailed, policy: ProvisioningPolicy) -> bool:
         record = self._record
+        if failure.code is ErrorCode.ACME_CAA and self._issuer is not None:
+            self._caa_disagreements[self._issuer] = CaaDisagreement(
+                reading=self._caa_reading, detail=failure.message[:300]
+            )
         outcome = decide_outcome(
             record.status,
             record.retry_count,
@@ -850,6 +894,7 @@ class CertificateWorkflow:
                 ari_renewal=self._ari_renewal,
                 passed_over=self._passed_over,
                 unreachable_since=self._unreachable_since,
+                caa_disagreements=self._caa_disagreements,
             )
         return CertificateInput(
             hostname=record.hostname,
@@ -917,9 +962,11 @@ class CertificateWorkflow:
 
     @workflow.signal(name="retry")
     def retry_signal(self) -> None:
-        """Retry now: cut short a DNS or failure backoff and reset a FAILED budget.
-        Never bypasses a CA rate-limit cooldown."""
+        """Retry now: cut short a DNS or failure backoff and reset a FAILED budget;
+        order again from a CA whose CAA check refused. Never bypasses a CA rate-limit
+        cooldown."""
         self._retry_requested = True
+        self._caa_disagreements = {}
 
     @workflow.update(name="retry")
     async def retry_update(self) -> CertificateState:
@@ -927,6 +974,7 @@ class CertificateWorkflow:
         await workflow.wait_condition(lambda: self._current is not None)
         self._check_retry()
         self._retry_requested = True
+        self._caa_disagreements = {}
         # Answer once the wait it cuts short has ended; during a step, or a wait that
         # retry does not cut (order polling), answer now: the request stays noted.
         await workflow.wait_condition(

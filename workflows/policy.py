@@ -10,7 +10,8 @@ from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
 
 DNS_CODES = frozenset({ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA})
-"""The DNS check's codes (and DNS_CAA from the CA's own CAA check)."""
+"""The DNS check's codes (histories from before ACME_CAA also carry DNS_CAA from the
+CA's own CAA check)."""
 
 RECHECK_CODES = DNS_CODES | {ErrorCode.HTTP01_UNREACHABLE}
 """Codes that wait on the DNS backoff (``dns_recheck_delay``) with the failure budget
@@ -46,6 +47,11 @@ def decide_outcome(
     attempt did fail (and spent an order against the CA's limits), so the count
     keeps meaning "failed attempts since the last success or reopen"; it never
     holds anything back, because ``retry`` (reopen_failed) resets it to 0.
+
+    ACME_CAA (the CA's CAA check refused after ours allowed) is a failed
+    authorization at the CA: budget +1, the (dead) order cleared, as
+    ACME_INVALID_ORDER; the workflow then orders nothing more from that CA until
+    its own reading of CAA changes (``CaaDisagreement``).
 
     HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept) waits like the
     DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
@@ -88,7 +94,7 @@ def decide_outcome(
             keep_order=False,
             error_code=ErrorCode.ACME_FAILED,
         )
-    keep = has_order and code is not ErrorCode.ACME_INVALID_ORDER
+    keep = has_order and code not in (ErrorCode.ACME_INVALID_ORDER, ErrorCode.ACME_CAA)
     return Outcome(status=waiting(keep), retry_count=retry_count, keep_order=keep, error_code=code)
 
 

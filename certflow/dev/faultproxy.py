@@ -893,6 +893,67 @@ class _Limits:
         )
 
 
+class _ValidationFailures:
+    """Validations the proxy makes fail as Boulder's VA would report them: after the
+    accept of a listed hostname's challenge, its authorization, challenge and order
+    read ``invalid``, the challenge carrying the problem (Pebble's own validation
+    result is hidden; the order never becomes ready)."""
+
+    def __init__(self) -> None:
+        self.problems: dict[str, dict[str, Any]] = {}  # hostname → problem document
+        self._authz_of: dict[str, tuple[str, str]] = {}  # challenge path → (authz path, hostname)
+        self._failed: dict[str, dict[str, Any]] = {}  # authz path → problem
+
+    def rewrite(
+        self, endpoint: Endpoint, method: str, path: str, body: bytes | None, data: bytes
+    ) -> bytes:
+        if not self.problems and not self._failed:
+            return data
+        try:
+            document = json.loads(data) if data else None
+        except ValueError:
+            return data
+        if not isinstance(document, dict):
+            return data
+        request_path = urllib.parse.urlsplit(path).path
+        if endpoint is Endpoint.AUTHZ:
+            hostname = str((document.get("identifier") or {}).get("value", "")).lower()
+            if hostname in self.problems:
+                for challenge in document.get("challenges") or []:
+                    url_path = urllib.parse.urlsplit(str(challenge.get("url", ""))).path
+                    self._authz_of[url_path] = (request_path, hostname)
+            problem = self._failed.get(request_path)
+            if problem is None:
+                return data
+            document["status"] = "invalid"
+            for challenge in document.get("challenges") or []:
+                if challenge.get("type") == "http-01":
+                    challenge.update(status="invalid", error=problem)
+        elif endpoint is Endpoint.CHALLENGE:
+            found = self._authz_of.get(request_path)
+            if found is None:
+                return data
+            authz_path, hostname = found
+            accept = method == "POST" and _jws_payload(body) == b"{}"
+            if accept and authz_path not in self._failed and hostname in self.problems:
+                self._failed[authz_path] = self.problems[hostname]
+                document["status"] = "processing"
+            elif authz_path in self._failed:
+                document.update(status="invalid", error=self._failed[authz_path])
+            else:
+                return data
+        elif endpoint is Endpoint.ORDER:
+            authz_paths = {
+                urllib.parse.urlsplit(str(u)).path for u in document.get("authorizations") or []
+            }
+            if not authz_paths & set(self._failed):
+                return data
+            document["status"] = "invalid"
+        else:
+            return data
+        return json.dumps(document).encode()
+
+
 class _State:
     """Fault queues and counters, shared by all handler threads."""
 
@@ -907,6 +968,7 @@ class _State:
         self.renewal_info_requests: list[str] = []
         self.hooks: dict[Endpoint, list[ForwardedCallback]] = {}
         self.before: dict[Endpoint, list[ArrivingCallback]] = {}
+        self.validation_failures = _ValidationFailures()
         self.limits = _Limits()
 
     def receive(self, endpoint: Endpoint) -> Fault | None:
@@ -1017,8 +1079,10 @@ class _Handler(BaseHTTPRequestHandler):
             if verdict is not None:
                 with state.lock:
                     state.limits.settle(verdict, created)
-        status, _, headers, data = response
+        status, reason, headers, data = response
         with state.lock:
+            data = state.validation_failures.rewrite(endpoint, self.command, self.path, body, data)
+            response = (status, reason, headers, data)
             state.limits.observe(endpoint, body, self.path, status, headers, data)
         if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
             response = self._advertise_renewal_info(*response)
@@ -1374,6 +1438,20 @@ class FaultProxy:
         """How many queued faults for ``endpoint`` have not been used yet."""
         with self._state.lock:
             return len(self._state.queued.get(endpoint, ()))
+
+    def fail_validation(self, hostname: str, problem_type: str, detail: str) -> None:
+        """From now on, the accept of a challenge for ``hostname`` fails validation as
+        the CA reports it: that authorization, its challenge (with ``{"type":
+        problem_type, "detail": detail, "status": 403}`` as its error) and its order
+        read ``invalid``. :meth:`pass_validation` stops it for later accepts."""
+        problem = {"type": problem_type, "detail": detail, "status": 403}
+        with self._state.lock:
+            self._state.validation_failures.problems[hostname.lower().rstrip(".")] = problem
+
+    def pass_validation(self, hostname: str) -> None:
+        """Later accepts for ``hostname`` validate as Pebble decides again."""
+        with self._state.lock:
+            self._state.validation_failures.problems.pop(hostname.lower().rstrip("."), None)
 
     def clear(self) -> None:
         """Drop all queued and always-faults (counters stay)."""

@@ -271,8 +271,10 @@ def stack(
             dns.set_a(EDGE, ["127.0.0.1"])
             dns.set_a(ROUTE, ["127.0.0.1"])
             dns.set_a(DEAD, [NOWHERE])
+        # No authorization reuse: an authorization the proxy failed (case 10) must not
+        # come back, valid, in the next order (Boulder never reuses an invalid one).
         pebble = devstack.start_pebble(
-            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver
+            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
         )
         cleanup.callback(pebble.stop)
         proxy = start_fault_proxy(pebble, workdir / "pebble")
@@ -433,8 +435,15 @@ def via(hostname: str, *chain: str) -> str:
     [
         ("digicert.com", "allows only digicert.com"),
         (";", 'forbids all certificate issuance (issue ";")'),
+        # va/caa.go caaDomainMatches is ==: shown red when issuer domains were
+        # lower-cased before comparing (the CA got an order).
+        (
+            "LetsEncrypt.org",
+            "allows only LetsEncrypt.org (issuer domains compare exactly, as at the CA:"
+            " LetsEncrypt.org is not letsencrypt.org)",
+        ),
     ],
-    ids=["digicert", "no-ca"],
+    ids=["digicert", "no-ca", "issuer-in-another-case"],
 )
 async def test_edge_caa_forbids(
     stack: DnsStack, clients: dict[str, CertflowClient], value: str, why: str
@@ -855,6 +864,67 @@ async def test_a_redirect_the_ca_refuses_is_caught_before_the_ca(
         target.stop()
         stack.dns.set_a(ROUTE, ["127.0.0.1"])
     assert stack.ca.accepts(hostname, challenge) == 0
+
+
+# ------------------------------------------- the CA refuses on CAA after we allowed (case 10)
+
+
+async def dns_checks_run(client: CertflowClient, hostname: str) -> int:
+    """check_dns activities the hostname's current workflow run has scheduled."""
+    history = await client.handle(hostname).fetch_history()
+    return sum(
+        1
+        for event in history.events
+        if event.HasField("activity_task_scheduled_event_attributes")
+        and event.activity_task_scheduled_event_attributes.activity_type.name == "check_dns"
+    )
+
+
+async def test_a_ca_refusing_on_caa_is_believed_until_caa_changes(
+    stack: DnsStack, clients: dict[str, CertflowClient]
+) -> None:
+    """Case 10: our CAA check allows (no CAA anywhere) but the CA's validation fails
+    with a ``caa`` problem (Boulder's detail, played by the proxy: Pebble checks no
+    CAA). One failure counted (retry_count 1, ACME_CAA), then re-checks of DNS every
+    backoff order nothing while the CAA answer is unchanged (the message says the CA
+    disagreed and what we read); once the answer changes, one new order, ACTIVE.
+    Red before this change: ``caa`` was DNS_CAA with the budget untouched and every
+    re-check ordered again (one failed authorization each, 24 a day)."""
+    client = clients["main"]
+    hostname, apex = stack.customer("c10")
+    detail = f"While processing CAA for {hostname}: CAA record for {apex} prevents issuance"
+    stack.proxy.fail_validation(hostname, "urn:ietf:params:acme:error:caa", detail)
+    try:
+        await client.request([hostname])
+        held = await wait_for(
+            client,
+            hostname,
+            lambda r: r.error_code is ErrorCode.DNS_CAA or r.status is CertificateStatus.ACTIVE,
+            what="the CA's refusal held",
+        )
+        show("case 10", held, stack)
+        message = held.error_message or ""
+        assert "refused on CAA although our check allows it" in message and detail in message
+        assert "we read no CAA records up to the TLD" in message
+        assert held.retry_count == 1
+        events = await client.events(hostname)
+        assert [e.error_code for e in events if e.error_code][:1] == [ErrorCode.ACME_CAA]
+        # Re-checks go on (DNS backoff 1-2 s here), ordering nothing.
+        checks = await dns_checks_run(client, hostname)
+        deadline = time.monotonic() + 60
+        while await dns_checks_run(client, hostname) < checks + 3:
+            assert time.monotonic() < deadline, "no DNS re-checks"
+            await asyncio.sleep(0.2)
+        assert stack.proxy.new_orders_for(hostname) == 1
+        assert (await client.status(hostname)).retry_count == 1  # nothing more spent
+
+        stack.proxy.pass_validation(hostname)
+        stack.dns.set_caa(apex, [(0, "issue", ISSUER)])  # the answer changes
+        active = await wait_for(client, hostname, is_active, what="ACTIVE after CAA changed")
+        show("case 10", active, stack)
+        assert stack.proxy.new_orders_for(hostname) == 2
+    finally:
+        stack.proxy.pass_validation(hostname)
 
 
 # ------------------------------------------------------------------ a long name (case 7)

@@ -43,13 +43,13 @@ def test_retry_after_forms() -> None:
         (_problem("urn:ietf:params:acme:error:malformed", 401), ErrorCode.ACME_INVALID_ORDER),
         # rate limit wins over 401
         (_problem("urn:ietf:params:acme:error:rateLimited", 401), ErrorCode.ACME_RATE_LIMITED),
-        # the CA's verdict (SPEC §4 "More refusals"): terminal, or DNS_CAA
+        # the CA's verdict (SPEC §4 "More refusals"): terminal, or ACME_CAA
         (_problem("urn:ietf:params:acme:error:rejectedIdentifier", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:unsupportedIdentifier", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:badCSR", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:invalidProfile", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:externalAccountRequired", 401), ErrorCode.ACME_REJECTED),
-        (_problem("urn:ietf:params:acme:error:caa", 403), ErrorCode.DNS_CAA),
+        (_problem("urn:ietf:params:acme:error:caa", 403), ErrorCode.ACME_CAA),
         (_problem("urn:ietf:params:acme:error:alreadyReplaced", 409), ErrorCode.ACME_INVALID_ORDER),
         (_problem("urn:ietf:params:acme:error:badNonce", 400), ErrorCode.ACME_TEMPORARY),
         (_problem("urn:ietf:params:acme:error:serverInternal", 500), ErrorCode.ACME_TEMPORARY),

@@ -397,19 +397,23 @@ def test_rejected_identifier_with_subproblems() -> None:
 
 def test_compound_answer_is_decided_by_its_subproblems() -> None:
     subproblems = [{"type": ERR + "malformed"}, {"type": ERR + "caa"}]
-    assert refusal_for(ERR + "compound", subproblems).code is E.DNS_CAA
+    assert refusal_for(ERR + "compound", subproblems).code is E.ACME_CAA
     subproblems.append({"type": ERR + "rejectedIdentifier"})
     assert refusal_for(ERR + "compound", subproblems).code is E.ACME_REJECTED
 
 
-def test_caa_on_the_order_is_dns_caa_with_the_cas_detail() -> None:
+def test_caa_from_the_ca_is_a_failed_authorization_with_its_detail() -> None:
+    """The CA refused on CAA although our check allowed: ACME_CAA, a new order's
+    effect (Boulder counts a failed authorization), not a DNS re-check."""
     err = challenge_failure(CAA_ORDER_ERROR)
-    assert err.code is E.DNS_CAA and err.problem_type == ERR + "caa"
-    assert "CAA record for shop.example.com prevents issuance" in err.message
+    assert err.code is E.ACME_CAA and err.problem_type == ERR + "caa"
+    assert err.message == (
+        "the CA's CAA check refused although ours allowed: " + str(CAA_ORDER_ERROR["detail"])
+    )
     # as the answer to finalize, too
     finalize = classify_acme_failure(_boulder("caa", str(CAA_ORDER_ERROR["detail"]), 403))
-    assert finalize.code is E.DNS_CAA and refusal_for(ERR + "caa").effect is Effect.RECHECK
-    assert challenge_failure(CAA_CHALLENGE).code is E.DNS_CAA
+    assert finalize.code is E.ACME_CAA and refusal_for(ERR + "caa").effect is Effect.NEW_ORDER
+    assert challenge_failure(CAA_CHALLENGE).code is E.ACME_CAA
 
 
 @pytest.mark.parametrize(

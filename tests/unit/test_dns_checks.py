@@ -49,7 +49,6 @@ def issue(value: str, flags: int = 0) -> CaaRecord:
 ALLOWED_CASES: list[tuple[str, list[CaaRecord]]] = [
     ("issue match", [issue(LE)]),
     ("one of several issuers", [issue("other-ca.org"), issue(LE)]),
-    ("issuer case-insensitive", [issue("LetsEncrypt.ORG")]),
     ("tag case-insensitive", [CaaRecord(0, "ISSUE", LE)]),
     ("tag mixed case", [CaaRecord(0, "IsSuE", LE)]),
     ("unknown parameter after ;", [issue(f"{LE}; foo=https://acme.example/acct/1")]),
@@ -110,6 +109,14 @@ DENIED_CASES: list[tuple[str, list[CaaRecord], str]] = [
     ("bad parameter value", [issue(f"{LE}; a=b c")], "malformed"),
     ("trailing ; after parameter", [issue(f"{LE}; a=b;")], "malformed"),
     ("superdomain of issuer", [issue("org")], "allows only org"),
+    # Boulder's caaDomainMatches is ==: another case is another issuer (shown red
+    # when issuer domains were lower-cased before comparing).
+    (
+        "issuer in another case",
+        [issue("LetsEncrypt.ORG")],
+        "allows only LetsEncrypt.ORG (issuer domains compare exactly, as at the CA:"
+        " LetsEncrypt.ORG is not letsencrypt.org)",
+    ),
     ("subdomain of issuer", [issue(f"ca.{LE}")], f"allows only ca.{LE}"),
     ("';' plus other issuer", [issue(";"), issue("other-ca.org")], "allows only other-ca.org"),
     (

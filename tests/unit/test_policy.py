@@ -32,6 +32,10 @@ E = ErrorCode
         (S.PENDING, 2, False, E.DNS_CAA, (S.PENDING, 2, False, E.DNS_CAA)),
         # invalid order: +1, cleared, PENDING
         (S.PROVISIONING, 0, True, E.ACME_INVALID_ORDER, (S.PENDING, 1, False, E.ACME_INVALID_ORDER)),
+        # the CA refused on CAA after ours allowed: a failed authorization, +1, cleared
+        (S.PROVISIONING, 0, True, E.ACME_CAA, (S.PENDING, 1, False, E.ACME_CAA)),
+        (S.RENEWING, 1, True, E.ACME_CAA, (S.RENEWING, 2, False, E.ACME_CAA)),
+        (S.PENDING, 2, False, E.ACME_CAA, (S.FAILED, 3, False, E.ACME_FAILED)),
         # temporary: +1, keeps the order when there is one
         (S.PROVISIONING, 0, True, E.ACME_TEMPORARY, (S.PROVISIONING, 1, True, E.ACME_TEMPORARY)),
         (S.PENDING, 1, False, E.ACME_TEMPORARY, (S.PENDING, 2, False, E.ACME_TEMPORARY)),
