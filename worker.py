@@ -34,6 +34,7 @@ from activities.dns_checks import CaaIssuer, DnsActivities, DnsChecker
 from activities.http01_fetch import Http01Fetcher
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
+from activities.retention import RetentionActivities
 from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import WebhookActivities
@@ -145,6 +146,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                     polls_per_second=settings.acme_polls_per_second,
                 ),
             ),
+            RetentionActivities(pool, settings.events_retention_days),
             ReconcileActivities(
                 pool, client, settings.task_queue, settings.reconcile_interval_seconds
             ),

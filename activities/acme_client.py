@@ -151,8 +151,8 @@ class AcmeAccount:
     key: JWKEC
     directory_json: dict[str, Any]
     verify: str | bool
-    takes_replaces: bool = True
-    """False once the CA refused RFC 9773 ``replaces`` (renewals go without it)."""
+    replaces_refused_until: datetime | None = None
+    """While in the future, the CA rejects RFC 9773 ``replaces`` (renewals go without it)."""
 
 
 def _account_network(key: JWKEC, verify: str | bool) -> AcmeNetwork:
@@ -274,8 +274,8 @@ async def ensure_account(
                     conn, directory_url, account_url, encryption_key.encrypt(pem)
                 )
     log.info("ACME account ready", extra={"account_url": account_url, "issuer": issuer.name})
-    takes_replaces = stored.takes_replaces if stored is not None else True
-    return AcmeAccount(directory_url, account_url, key, directory_json, verify, takes_replaces)
+    refused_until = stored.replaces_refused_until if stored is not None else None
+    return AcmeAccount(directory_url, account_url, key, directory_json, verify, refused_until)
 
 
 def check_profile(
@@ -315,8 +315,9 @@ class AcmeClients:
         self._register = register
         self._register_after = 0.0
         self._registering: asyncio.Lock | None = None
-        self.takes_replaces = account.takes_replaces if account else True
-        """False once the CA refused RFC 9773 ``replaces`` (renewals go without it)."""
+        self.replaces_refused_until = account.replaces_refused_until if account else None
+        """While in the future, the CA rejects RFC 9773 ``replaces`` (renewals go
+        without it); asked again after it."""
         self._idle: queue.SimpleQueue[acme_client.ClientV2] = queue.SimpleQueue()
 
     @property
@@ -328,6 +329,12 @@ class AcmeClients:
     @property
     def account_url(self) -> str | None:
         return self._account.account_url if self._account else None
+
+    @property
+    def takes_replaces(self) -> bool:
+        """Whether renewals name the certificate they replace (RFC 9773 §5) now."""
+        until = self.replaces_refused_until
+        return until is None or until <= datetime.now(timezone.utc)
 
     async def ready(self) -> None:
         """Make sure the account is registered (see the class docstring)."""
@@ -345,7 +352,7 @@ class AcmeClients:
                 account = await self._register()
             except ConfigError as err:
                 raise self._unregistered(str(err)) from None
-            self.takes_replaces = account.takes_replaces
+            self.replaces_refused_until = account.replaces_refused_until
             self._account = account
             log.info("ACME account registered on first use", extra={"issuer": self.issuer.name})
 

@@ -33,7 +33,13 @@ from activities.acme_client import (
     classify_acme_failure,
     parse_retry_after,
 )
-from activities.acme_problems import UNKNOWN_LIMIT, challenge_failure, problem_suffix
+from activities.acme_problems import (
+    UNKNOWN_LIMIT,
+    ReplacesRefusal,
+    challenge_failure,
+    problem_suffix,
+    replaces_refusal,
+)
 from activities.pacing import PollPacer
 from activities.renewal_info import fetch_renewal_info, next_check, renewal_info_url
 from certflow import accounts, certificates, cooldown
@@ -76,7 +82,6 @@ T = TypeVar("T")
 
 FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
-REACCEPT_AFTER = 5.0  # a CA that lost the accept leaves the challenge pending
 FINALIZE_WAIT = 30.0
 FIRST_RENEWAL_INFO_TIMEOUT = 5.0  # inside finalize's 10 s heartbeat timeout
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
@@ -84,6 +89,7 @@ MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # SPEC §4: a longer Retry-After is cappe
 ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
 BUSY_SLOTS_RETRY_SECONDS = 5.0
 PAUSED_RECHECK_SECONDS = 86400.0
+REPLACES_FAILING_FOR_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
         not_after=info.not_after,
         ari_window_start=window.window_start,
         ari_window_end=window.window_end,
+        issued_at=datetime.now(timezone.utc),
     )
 
 
@@ -289,7 +296,7 @@ class IssuerOrders:
             ):
                 # A refusal may have come while this order waited for its slot.
                 await self._raise_if_held(hostname, kind)
-                return await self._send_new_order(hostname, replaces)
+                return await self._send_new_order(hostname, replaces, certificate_id)
         except NoOrderSlotError as err:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_RATE_LIMITED,
@@ -318,37 +325,66 @@ class IssuerOrders:
             limit_name=held.limit_name,
         )
 
-    async def _send_new_order(self, hostname: str, replaces: str | None) -> OpenedOrder:
+    async def _send_new_order(
+        self, hostname: str, replaces: str | None, certificate_id: str | None
+    ) -> OpenedOrder:
         try:
             return await self._call(
                 lambda client: self._open_order(client, hostname, replaces),
                 hostname=hostname,
             )
         except AcmeProblemError as err:
-            if replaces is None or not err.replaces_refused:
+            if replaces is None:
                 raise
-            if problem_suffix(err.problem_type) != "alreadyreplaced":
-                # Malformed or unknown to it: this CA does not take `replaces`.
-                self._clients.takes_replaces = False
-                await accounts.refuse_replaces(self._pool, self._directory_url)
+            refusal = replaces_refusal(err.problem_type, err.detail, err.http_status)
+            if refusal is None:
+                raise
+            malformed = problem_suffix(err.problem_type) == "malformed"
+            if refusal is ReplacesRefusal.TEMPORARY:
+                if certificate_id is not None:
+                    await certificates.note_replaces_failing(self._pool, certificate_id)
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_TEMPORARY,
+                    message=f"the CA could not check `replaces` (retrying with it later): {err.detail}",
+                    problem_type=err.problem_type,
+                    detail=err.detail,
+                    http_status=err.http_status,
+                ) from None
             activity.logger.warning(
-                "the CA refused `replaces`; ordering once without it",
+                "the CA refused `replaces` (%s); ordering once without it",
+                refusal,
                 extra={"detail": err.detail, "problem_type": err.problem_type},
             )
-            return await self._call(
-                lambda client: self._open_order(client, hostname, None),
-                hostname=hostname,
+        order = await self._call(
+            lambda client: self._open_order(client, hostname, None), hostname=hostname
+        )
+        if refusal is ReplacesRefusal.FIELD and malformed:
+            # Our certID is well-formed and the order went through without it: this
+            # CA rejects the field. Renewals go without it for a day, then ask again.
+            self._clients.replaces_refused_until = await accounts.refuse_replaces(
+                self._pool, self._directory_url
             )
+        return order
 
     async def _replaces(self, certificate_id: str) -> str | None:
         """The RFC 9773 certID of the certificate a renewal replaces, when the CA has
-        ARI and takes ``replaces``."""
+        ARI and takes ``replaces`` now — unless the CA has failed to check it for
+        this certificate for over REPLACES_FAILING_FOR_SECONDS (a 5xx each time): no
+        refusal blocks a renewal."""
         if not self._clients.takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
             return None
-        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
-        if leaf_pem is None:
+        current = await certificates.replaced_certificate(self._pool, certificate_id)
+        if current is None:
             return None
-        return str(_renewal_info_path_component(x509.load_pem_x509_certificate(leaf_pem.encode())))
+        if current.failing_for_seconds > REPLACES_FAILING_FOR_SECONDS:
+            activity.logger.warning(
+                "the CA has failed to check `replaces` for %.0f s; renewing without it",
+                current.failing_for_seconds,
+            )
+            return None
+        return str(
+            _renewal_info_path_component(x509.load_pem_x509_certificate(current.leaf_pem.encode()))
+        )
 
     def _open_order(
         self, client: acme_client.ClientV2, hostname: str, replaces: str | None
@@ -450,42 +486,55 @@ class IssuerOrders:
     # -- wait_for_order ----------------------------------------------------
 
     async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
-        if input.accept_first and input.challenge_url:
-            challenge_url = input.challenge_url
-            await self._call(lambda client: self._accept(client, challenge_url))
-        started = time.monotonic()
-        deadline = started + input.within_seconds
+        accepted = await self._accept_once(input)
+        try:
+            return await self._poll_until_issuable(input, accepted)
+        except AcmeProblemError as err:
+            err.accepted = err.accepted or accepted
+            raise
+
+    async def _accept_once(self, input: WaitForOrderInput) -> bool:
+        """Ask the CA to validate, once: never again once it answered an accept
+        (Boulder starts a second validation for a second POST, and counts each
+        failure: ra.go PerformValidation). Whether this activity's earlier try got
+        an answer is in its heartbeat; a kept order (``accept_unsure``) or a retry
+        without one reads the challenge first and POSTs only while it is pending.
+        True when this call's accept was answered."""
+        if not input.accept_first or not input.challenge_url:
+            return False
+        details = activity.info().heartbeat_details
+        if details and isinstance(details[0], dict) and details[0].get("accepted"):
+            return True
+        url = input.challenge_url
+        if input.accept_unsure or activity.info().attempt > 1:
+            challenge = await self._call(lambda client: self._post_as_get(client, url), poll=True)
+            if challenge.body.get("status") != AcmeStatus.PENDING:
+                return True  # answered before: validating, or done
+        await self._call(lambda client: self._accept(client, url))
+        activity.heartbeat({"accepted": True})
+        return True
+
+    async def _poll_until_issuable(self, input: WaitForOrderInput, accepted: bool) -> OrderProgress:
+        """Poll fast until the order is ready or valid, or the window ends; never
+        POST the challenge again (SPEC §3 step 5)."""
+        deadline = time.monotonic() + input.within_seconds
         interval = FAST_POLL_FIRST
-        reaccept_checked = False
         while True:
             fetched = await self._poll(input.order_url)
-            activity.heartbeat()
+            # A retry of this activity must know the accept was answered.
+            activity.heartbeat(*([{"accepted": True}] if accepted else []))
             status = _order_status(fetched.body)
             if status in ISSUABLE:
                 return OrderProgress(status=status)
             if status is AcmeStatus.INVALID:
                 raise await self._invalid_order(fetched.body)
             now = time.monotonic()
-            if (
-                status is AcmeStatus.PENDING
-                and input.challenge_url
-                and not reaccept_checked
-                and now - started > REACCEPT_AFTER
-            ):
-                # The accept may never have reached the CA (SPEC §3 step 5).
-                reaccept_checked = True
-                url = input.challenge_url
-                await self._call(lambda client: self._reaccept_if_pending(client, url))
             # The CA's pacing wins: a Retry-After beyond the window ends it early.
             wait = max(interval, fetched.retry_after or 0.0)
             if now >= deadline or now + wait > deadline and fetched.retry_after:
                 return OrderProgress(status=status, retry_after_seconds=fetched.retry_after)
             await asyncio.sleep(min(wait, max(0.0, deadline - now)))
             interval = min(interval * 1.5, FAST_POLL_MAX)
-
-    def _reaccept_if_pending(self, client: acme_client.ClientV2, challenge_url: str) -> None:
-        if self._post_as_get(client, challenge_url).body.get("status") == AcmeStatus.PENDING:
-            self._accept(client, challenge_url)
 
     async def _invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
         """Explain an invalid order with the failed challenge's problem, when there is one."""

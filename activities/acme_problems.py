@@ -42,7 +42,8 @@ __all__ = [
     "Refusal",
     "challenge_failure",
     "is_rate_limited",
-    "is_replaces_refusal",
+    "ReplacesRefusal",
+    "replaces_refusal",
     "limit_anchor",
     "problem_error",
     "problem_suffix",
@@ -251,7 +252,7 @@ REFUSALS: Mapping[str, Refusal] = {
     "incorrectresponse": _INVALID,
     "dns": _INVALID,
     "tls": _INVALID,
-    # RFC 9773 §5: a renewal retries once without `replaces` (is_replaces_refusal)
+    # RFC 9773 §5: a renewal retries once without `replaces` (replaces_refusal)
     "alreadyreplaced": _INVALID,
     "ratelimited": _LIMITED,
     "badnonce": _TEMPORARY,
@@ -308,20 +309,41 @@ _REPLACES_RE = re.compile(
 )
 
 
-def is_replaces_refusal(problem_type: str, detail: str, http_status: int | None) -> bool:
-    """Whether the CA refused a new order because of its ``replaces`` field (RFC 9773
-    §5): ``alreadyReplaced`` (409), or a malformed (400), unknown (404), another
-    account's (403) or — Pebble — unmatched (500) certificate id. A renewal then
-    retries once without ``replaces``.
-    """
-    if http_status is not None and http_status < 400:
-        return False
+class ReplacesRefusal(StrEnum):
+    """How a renewal goes on when the CA refused a new order that named the
+    certificate it replaces (RFC 9773 §5 ``replaces``), as Boulder scopes it."""
+
+    CERTIFICATE = "certificate"
+    """403, 404, 409 (another account's, unknown, already replaced): this renewal goes
+    once more without ``replaces``; the next certificate still sends it."""
+    FIELD = "field"
+    """400: once more without; when that goes through and the CA said ``malformed``
+    on our well-formed certID, the CA rejects the field itself: renewals go without
+    it for a day, then it is sent again."""
+    TEMPORARY = "temporary"
+    """5xx naming ``replaces`` (Boulder's 500 "Could not validate ARI 'replaces'
+    field"): temporary, retried later with it."""
+
+
+def replaces_refusal(problem_type: str, detail: str, http_status: int | None) -> ReplacesRefusal | None:
+    """What the CA's answer to a new-order that carried ``replaces`` means for it
+    (None: not about ``replaces``; handled as any answer). Any 400, 403, 404 or 409
+    problem counts — a CA that wants its own certificate identifier answers 404
+    ``malformed`` "Certificate not found for certID …", which names no field."""
     suffix = problem_suffix(problem_type)
-    if suffix == "alreadyreplaced":
-        return True
     if suffix == "ratelimited" or http_status == 429:
-        return False
-    return bool(_REPLACES_RE.search(detail or ""))
+        return None
+    if http_status is None:  # no status kept: read the type
+        http_status = {"alreadyreplaced": 409, "conflict": 409, "unauthorized": 403}.get(
+            suffix, 400 if suffix == "malformed" else None
+        )
+    if http_status in (403, 404, 409) or suffix == "alreadyreplaced":
+        return ReplacesRefusal.CERTIFICATE
+    if http_status == 400:
+        return ReplacesRefusal.FIELD
+    if http_status is not None and http_status >= 500 and _REPLACES_RE.search(detail or ""):
+        return ReplacesRefusal.TEMPORARY
+    return None
 
 
 # Boulder answers an order URL of another account (or none) with malformed, not
@@ -380,31 +402,22 @@ def problem_error(
     ``challenge=True`` for a challenge's or an invalid order's error: the order is
     dead, so what table 2 does not name is ACME_INVALID_ORDER, and a failed
     validation's message says what the CA found. Otherwise SPEC §4's order: a
-    rate limit first (with its scope), a refused ``replaces`` (ACME_INVALID_ORDER,
-    ``replaces_refused``), then table 2, then an order that is not ours (401, or
-    Boulder's malformed "No order for ID …") as ACME_INVALID_ORDER, then
-    ACME_TEMPORARY.
+    rate limit first (with its scope), then table 2, then an order that is not ours
+    (401, or Boulder's malformed "No order for ID …") as ACME_INVALID_ORDER, then
+    ACME_TEMPORARY. (What a refused ``replaces`` means is :func:`replaces_refusal`'s,
+    asked by the order that sent it.)
     """
     detail = detail or problem_type
     suffix = problem_suffix(problem_type)
     limit: RateLimit | None = None
-    replaces = False
     if not challenge and is_rate_limited(problem_type, http_status, retry_after_seconds):
         refusal = _LIMITED
         limit = rate_limit_for(detail, http_status, problem_type)
-    elif not challenge and is_replaces_refusal(problem_type, detail, http_status):
-        refusal = _INVALID
-        replaces = True
     else:
         refusal = refusal_for(problem_type, subproblems, challenge=challenge)
         if refusal is _TEMPORARY and _not_our_order(suffix, detail, http_status):
             refusal = _INVALID
-    if replaces:
-        message = (
-            f"the CA refused the order's `replaces` (renew without it): {detail or 'no detail'}"
-        )
-    else:
-        message = _message(refusal, suffix, detail, challenge, limit)
+    message = _message(refusal, suffix, detail, challenge, limit)
     return AcmeProblemError(
         code=refusal.code,
         message=message,
@@ -418,7 +431,6 @@ def problem_error(
         limit_name=limit.name if limit else None,
         paused=limit.paused if limit else False,
         unpause_url=limit.unpause_url if limit else None,
-        replaces_refused=replaces,
     )
 
 

@@ -19,6 +19,7 @@ from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
+from activities.retention import RetentionActivities
 from activities.webhooks import WebhookActivities
 
 CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
@@ -45,7 +46,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
 }
 """What the Certificate workflow calls, with its summary in the Temporal UI."""
 
-RECONCILE_ACTIVITIES = (ReconcileActivities.reconcile_certificates,)
+RECONCILE_ACTIVITIES = (ReconcileActivities.reconcile_certificates, RetentionActivities.prune_events)
 DOMAIN_CHECK_ACTIVITIES = (PreflightActivities.check_domain,)
 RENEWAL_INFO_ACTIVITIES = (RenewalInfoSweep.sweep_renewal_info,)
 WEBHOOK_ACTIVITIES = (WebhookActivities.deliver_webhook,)

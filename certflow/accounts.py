@@ -7,15 +7,19 @@ the transaction, so exactly one of them generates and registers the key.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
+
+REPLACES_ASKED_AGAIN_AFTER = "1 day"
+"""A CA that rejected ``replaces`` itself is sent it again after this long."""
 
 
 @dataclass(frozen=True)
 class StoredAccount:
     account_url: str
     encrypted_key: bytes
-    takes_replaces: bool = True
+    replaces_refused_until: datetime | None = None
 
 
 async def lock_directory(conn: asyncpg.Connection, directory_url: str) -> None:
@@ -25,14 +29,14 @@ async def lock_directory(conn: asyncpg.Connection, directory_url: str) -> None:
 
 async def stored_account(conn: asyncpg.Connection, directory_url: str) -> StoredAccount | None:
     row = await conn.fetchrow(
-        "SELECT account_url, encrypted_account_key, takes_replaces FROM acme_accounts"
+        "SELECT account_url, encrypted_account_key, replaces_refused_until FROM acme_accounts"
         " WHERE directory_url = $1",
         directory_url,
     )
     if row is None:
         return None
     return StoredAccount(
-        row["account_url"], bytes(row["encrypted_account_key"]), row["takes_replaces"]
+        row["account_url"], bytes(row["encrypted_account_key"]), row["replaces_refused_until"]
     )
 
 
@@ -50,8 +54,12 @@ async def save_account(
     )
 
 
-async def refuse_replaces(pool: asyncpg.Pool, directory_url: str) -> None:
-    """Remember that this CA refuses RFC 9773 ``replaces``: renewals are sent without it."""
-    await pool.execute(
-        "UPDATE acme_accounts SET takes_replaces = false WHERE directory_url = $1", directory_url
+async def refuse_replaces(pool: asyncpg.Pool, directory_url: str) -> datetime:
+    """Remember that this CA rejects RFC 9773 ``replaces`` itself: renewals go without
+    it until the returned time, then it is sent again."""
+    until: datetime = await pool.fetchval(
+        f"""UPDATE acme_accounts SET replaces_refused_until = now() + interval '{REPLACES_ASKED_AGAIN_AFTER}'
+            WHERE directory_url = $1 RETURNING replaces_refused_until""",
+        directory_url,
     )
+    return until

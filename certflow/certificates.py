@@ -29,7 +29,7 @@ _RECORD_COLUMNS = """
     c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
     c.http_challenge_url AS challenge_url, c.ssl_not_before AS not_before,
     c.ssl_expires_at AS expires_at, c.ari_window_start, c.ari_window_end, c.ssl_serial AS serial,
-    c.ssl_issuer AS issuer, c.order_issuer,
+    c.ssl_issuer AS issuer, c.order_issuer, c.ssl_issued_at AS issued_at,
     CASE
         WHEN $2::text IS NULL THEN false
         WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
@@ -170,6 +170,7 @@ async def store_issued(
             UPDATE certificates SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
+                replaces_failing_since = NULL, ssl_issued_at = now(),
                 ssl_issuer = order_issuer,
                 ari_window_start = $8, ari_window_end = $9,
                 ari_next_check_at = coalesce($10, now()),
@@ -514,6 +515,36 @@ async def certificate_issuer(pool: asyncpg.Pool, certificate_id: str) -> str | N
         "SELECT ssl_issuer FROM certificates WHERE id = $1::uuid", certificate_id
     )
     return str(value) if value is not None else None
+
+
+@dataclass(frozen=True)
+class ReplacedCertificate:
+    """The certificate a renewal replaces, and for how long the CA has failed to
+    check ``replaces`` for it (0: it has not)."""
+
+    leaf_pem: str
+    failing_for_seconds: float
+
+
+async def replaced_certificate(pool: asyncpg.Pool, certificate_id: str) -> ReplacedCertificate | None:
+    row = await pool.fetchrow(
+        """SELECT ssl_certificate,
+                  coalesce(extract(epoch FROM now() - replaces_failing_since), 0) AS failing
+           FROM certificates WHERE id = $1::uuid AND ssl_certificate IS NOT NULL""",
+        certificate_id,
+    )
+    if row is None:
+        return None
+    return ReplacedCertificate(str(row["ssl_certificate"]), float(row["failing"]))
+
+
+async def note_replaces_failing(pool: asyncpg.Pool, certificate_id: str) -> None:
+    """The CA failed (5xx) to check this renewal's ``replaces``: since when, kept."""
+    await pool.execute(
+        """UPDATE certificates SET replaces_failing_since = coalesce(replaces_failing_since, now())
+           WHERE id = $1::uuid""",
+        certificate_id,
+    )
 
 
 async def current_certificate_pem(pool: asyncpg.Pool, certificate_id: str) -> str | None:

@@ -1,23 +1,34 @@
-"""What changed since last time, read from ``certificate_events``.
+"""What changed since last time, read from ``certificate_events`` in commit order.
 
 Every transition of a certificate writes an event in the same transaction (a
-trigger), with an increasing id: reading the events past the last one seen is
-an index range scan that costs the changes, not the rows. The TLS edge helper
-and the metrics refresh follow certificates this way.
+trigger), tagged with that transaction's id (``xid``, a 64-bit ``xid8``). Ids of
+events are taken at insert but seen at commit, so a long transaction that commits
+after a later one would be skipped by a reader that only follows the highest id.
+The feed follows transactions instead: every transaction older than the oldest
+one still running at a read (``pg_snapshot_xmin``) has committed or aborted, and
+all its events were visible to that read; so the next read asks only for events
+of transactions from that point on, and hands each event out once.
 
-Ids are taken when an event is written and seen when its transaction commits,
-so a transaction that commits after a later one shows a lower id late: the feed
-re-reads the events of the last LOOK_BACK_SECONDS and hands each out once.
+The reads are index range scans over the recent transactions' events
+(``certificate_events_xid``): their cost follows the changes, not the rows. A
+write transaction that stays open holds the point back (its events may still
+come), and the events since are read again each time, cheaply, until it ends.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
-LOOK_BACK_SECONDS = 30.0
+_HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
+_SINCE = """
+    SELECT id, hostname::text AS hostname, from_status, to_status, xid::text::bigint AS xid
+    FROM certificate_events WHERE xid >= $1::text::xid8 ORDER BY id
+"""
 
 
 @dataclass(frozen=True)
@@ -29,43 +40,57 @@ class Change:
 
 
 class ChangeFeed:
-    """The certificate events past a starting point, each handed out once."""
+    """The certificate events of transactions that committed since a starting
+    point, each handed out once."""
 
-    def __init__(self, look_back_seconds: float = LOOK_BACK_SECONDS) -> None:
-        self._look_back = look_back_seconds
-        self._horizon: int | None = None  # every event up to this id was handed out
-        self._recent: dict[int, float] = {}  # ids above the horizon handed out, and when
+    def __init__(self) -> None:
+        self._horizon: int | None = None
+        """Every transaction below it was over when last read."""
+        self._handed_out: dict[int, int] = {}
+        """Events of transactions at or above the horizon already handed out: id → xid."""
 
     async def start(self, conn: asyncpg.Pool | asyncpg.Connection) -> None:
-        """Begin after the newest event: call before reading the state the events change."""
-        self._horizon = int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM certificate_events"))
-        self._recent.clear()
+        """Begin after what ``conn`` sees now. Call it in the snapshot (a repeatable
+        read transaction) that reads the state the events change, or before reading
+        it: events already in that state are not handed out again, or handed out
+        once more (harmless for a reader that reloads)."""
+        async with _snapshot(conn) as tx:
+            self._horizon = int(await tx.fetchval(_HORIZON))
+            self._handed_out = {r["id"]: r["xid"] for r in await tx.fetch(_SINCE, self._horizon)}
 
     @property
     def started(self) -> bool:
         return self._horizon is not None
 
-    async def read(self, pool: asyncpg.Pool) -> list[Change]:
-        """The events not handed out yet, oldest first."""
+    async def read(self, pool: asyncpg.Pool | asyncpg.Connection) -> list[Change]:
+        """The events committed since the last read and not handed out yet, by id."""
         assert self._horizon is not None, "start() the feed first"
-        rows = await pool.fetch(
-            "SELECT id, hostname::text AS hostname, from_status, to_status"
-            " FROM certificate_events WHERE id > $1 ORDER BY id",
-            self._horizon,
-        )
-        now = time.monotonic()
-        fresh = [Change(**dict(r)) for r in rows if r["id"] not in self._recent]
-        for change in fresh:
-            self._recent[change.id] = now
-        self._advance(now)
+        async with _snapshot(pool) as tx:
+            horizon = int(await tx.fetchval(_HORIZON))
+            rows = await tx.fetch(_SINCE, self._horizon)
+        fresh = [
+            Change(r["id"], r["hostname"], r["from_status"], r["to_status"])
+            for r in rows
+            if r["id"] not in self._handed_out
+        ]
+        for row in rows:
+            self._handed_out[row["id"]] = row["xid"]
+        self._horizon = horizon
+        self._handed_out = {i: x for i, x in self._handed_out.items() if x >= horizon}
         return fresh
 
-    def _advance(self, now: float) -> None:
-        """Past the events handed out longer than the look-back ago, up to the first id
-        not seen yet (a gap may still be filled by a late commit)."""
-        assert self._horizon is not None
-        for event_id in sorted(self._recent):
-            if now - self._recent[event_id] <= self._look_back:
-                break
-            self._horizon = event_id
-            del self._recent[event_id]
+
+@contextlib.asynccontextmanager
+async def _snapshot(source: Any) -> AsyncIterator[Any]:
+    """One repeatable-read snapshot for both reads — the horizon and the events must
+    be read as of the same moment — on a connection (used as it is when already in a
+    transaction) or one taken from a pool."""
+    if isinstance(source, asyncpg.Connection):
+        if source.is_in_transaction():
+            yield source
+            return
+        async with source.transaction(isolation="repeatable_read", readonly=True):
+            yield source
+        return
+    async with source.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        yield conn

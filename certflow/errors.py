@@ -113,8 +113,7 @@ class AcmeProblemError(CertflowError):
     For a rate limit, what ``activities.acme_problems`` read from it: the scope
     (``account`` / ``registered_domain`` / ``hostname``), the rate-limits page
     anchor and Boulder's limit name; ``paused`` with the CA portal's
-    ``unpause_url`` for a paused hostname. ``replaces_refused``: the CA refused
-    the order's RFC 9773 ``replaces`` (a renewal retries once without it).
+    ``unpause_url`` for a paused hostname.
     """
 
     problem_type: str = ""
@@ -127,10 +126,12 @@ class AcmeProblemError(CertflowError):
     limit_name: str | None = None
     paused: bool = False
     unpause_url: str | None = None
-    replaces_refused: bool = False
     unreachable: bool = False
     """No answer from the CA at all (connection refused or reset, timeout, a bare
     502/503/504): counts toward falling back to another issuer."""
+    accepted: bool = False
+    """The CA answered this attempt's accept of the challenge before the failure: the
+    challenge must never be POSTed again (Boulder starts another validation)."""
 
     def details(self) -> dict[str, Any]:
         return {
@@ -145,8 +146,8 @@ class AcmeProblemError(CertflowError):
             "limit_name": self.limit_name,
             "paused": self.paused,
             "unpause_url": self.unpause_url,
-            "replaces_refused": self.replaces_refused,
             "unreachable": self.unreachable,
+            "accepted": self.accepted,
         }
 
     @property

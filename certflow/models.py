@@ -113,14 +113,18 @@ class CarriedWaits(Frozen):
     """Consecutive DNS / self-check failures: the recheck backoff goes on growing."""
     warned_expiring: bool = False
     """``expiring_soon`` was sent for this certificate."""
-    ari_renewal: bool = False
-    """The renewal under way started because the CA's ARI window came."""
     passed_over: dict[str, str] = {}
     """Issuers this certificate fell back from, with why (cooldown, budget, down)."""
     unreachable_since: datetime | None = None
     """Since when the attempt's issuer has been unreachable, while it is."""
     caa_disagreements: dict[str, CaaDisagreement] = {}
     """Issuers whose own CAA check refused this hostname, by issuer name."""
+    accepted_challenge: str | None = None
+    """The challenge the CA answered an accept for: never POSTed again."""
+    renewed_at_once: bool = False
+    """The certificate waited on replaced one that renewed at once, for an ARI window
+    already open when it was an hour old or less: a second such window waits for the
+    renewal-info sweep's next answer instead (no renewal loop)."""
 
 
 class ProvisioningPolicy(Frozen):
@@ -171,6 +175,9 @@ class CertificateRecord(Frozen):
     """The issuer of the current certificate (None: the first configured)."""
     order_issuer: str | None = None
     """The issuer of the attempt under way, and of the open order when there is one."""
+    issued_at: datetime | None = None
+    """When the current certificate was stored (its notBefore may be backdated: Let's
+    Encrypt backdates by an hour); None in histories from before it was kept."""
 
     @property
     def ari_window(self) -> tuple[datetime, datetime] | None:
@@ -280,9 +287,13 @@ class WaitForOrderInput(Frozen):
     challenge_url: str | None
     within_seconds: float
     accept_first: bool = False
-    """Ask the CA to validate the challenge before polling (after place_order)."""
+    """Ask the CA to validate the challenge before polling (after place_order), unless
+    it was asked already."""
     issuer: str | None = None
     """The CA of the order (None: the first configured)."""
+    accept_unsure: bool = False
+    """An accept may have reached the CA before (a kept order): read the challenge
+    first and POST only while the CA shows it pending."""
 
 
 class OrderProgress(Frozen):
@@ -308,6 +319,8 @@ class IssuedCertificate(Frozen):
     """The CA's first ARI window for it (asked right after the download), so the
     next run sleeps to it without waiting for the renewal-info sweep's signal."""
     ari_window_end: datetime | None = None
+    issued_at: datetime | None = None
+    """When it was stored (None in histories from before it was kept)."""
 
 
 class Outcome(Frozen):
@@ -381,6 +394,9 @@ class Phase(StrEnum):
     FAILED_WAITING = "failed; waiting for retry"
     ASKING_RENEWAL_INFO = "asking the CA when to renew"
     WAITING_FOR_RENEWAL = "active; waiting for the renewal time"
+    WAITING_FOR_RENEWAL_INFO = (
+        "active; the CA's window opened at once again: waiting for its next renewal-info answer"
+    )
     RENEWING = "renewing"
     CANCELING = "canceling"
     REVOKING = "revoking"
@@ -446,6 +462,13 @@ class ReconcileInput(Frozen):
     pass: for an operator after the schedule was held for long)."""
 
     full: bool = False
+
+
+class PruneEventsResult(Frozen):
+    """What one retention pass over ``certificate_events`` did."""
+
+    deleted: int
+    examined: int
 
 
 class ReconcileResult(Frozen):

@@ -163,6 +163,8 @@ class Settings(KeySettings):
     order_fast_poll_seconds: float = Field(default=8.0, gt=0)
     failed_retry_seconds: float = Field(default=86400.0, ge=0)
     reconcile_interval_seconds: float = Field(default=300.0, ge=0)
+    events_retention_days: float = Field(default=400.0, ge=0)
+    """How long certificate_events are kept (a hostname's newest always); 0 keeps all."""
     renewal_info_sweep_seconds: float = Field(default=600.0, ge=0)
     """How often the renewal-info sweep asks the CA's ARI about due certificates; 0: never."""
     webhook_url: str | None = None

@@ -117,6 +117,10 @@ COOLDOWN_SPREAD_PATCH = "cooldown-spread"
 """Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
 HTTP01_SELF_CHECK_PATCH = "http01-self-check"
 """The persisted challenge is fetched as the CA would fetch it before it is accepted."""
+ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
+"""A certificate an hour old or less whose ARI window is already open renews once; its
+replacement, given such a window again, waits for the sweep's next answer."""
+AT_ONCE_AGE = timedelta(hours=1)
 
 
 class _Stopped(Exception):
@@ -143,8 +147,13 @@ class CertificateWorkflow:
         self._retry_cuts_wait = False
         self._published: tuple[object, ...] | None = None
         waits = input.waits or CarriedWaits()
-        self._ari_renewal = waits.ari_renewal
-        """The renewal under way started because the CA's ARI window came."""
+        self._renewed_at_once = waits.renewed_at_once
+        """The certificate waited on replaced one that renewed at once for an ARI
+        window already open when it was young (CarriedWaits.renewed_at_once)."""
+        self._renewing_at_once = False
+        """The renewal under way is such a renewal."""
+        self._ari_hold_released = False
+        """The renewal-info sweep answered since a second at-once window was held."""
         self._warned_expiring = waits.warned_expiring
         self._dns_failures = waits.dns_failures
         # The issuer (CA) of the attempt: chosen from those CAA allows, falling back
@@ -158,6 +167,8 @@ class CertificateWorkflow:
         """CAs whose own CAA check refused although ours allowed, with our reading then."""
         self._caa_reading: str | None = None
         """The attempt's reading of the deciding CAA set (None: not read this attempt)."""
+        self._accepted_challenge: str | None = waits.accepted_challenge
+        """The challenge the CA answered an accept for: never POSTed again."""
         self._fell_back = False
         self._window_moved = False
         self._after_issuance = False
@@ -244,6 +255,7 @@ class CertificateWorkflow:
                     "ari_window_start": issued.ari_window_start,
                     "ari_window_end": issued.ari_window_end,
                     "issuer": self._issuer,
+                    "issued_at": issued.issued_at,
                 }
             ))
             self._enter(Phase.ISSUED)
@@ -258,7 +270,7 @@ class CertificateWorkflow:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
         try:
             order_url, challenge_url = record.order_url, record.challenge_url
-            accept_first = False  # a kept order: wait_for_order re-accepts it if still pending
+            accept_first = accept_unsure = False
             self_check = False
             self._caa_reading = None
             if order_url is None:
@@ -317,6 +329,10 @@ class CertificateWorkflow:
                 self._issuer = record.order_issuer  # the kept order's CA
                 if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
                     self_check = accept_first = True  # kept when its self-check failed: never accepted
+                elif challenge_url is not None and challenge_url != self._accepted_challenge:
+                    # The accept may have failed unanswered (or been answered before this
+                    # run): the activity reads the challenge and POSTs only if pending.
+                    accept_first = accept_unsure = True
             if (
                 self_check
                 and policy.http01_self_check
@@ -329,7 +345,7 @@ class CertificateWorkflow:
                     Http01CheckInput(certificate_id=record.certificate_id, hostname=record.hostname),
                 )
                 self._check_stop()
-            await self._wait_for_order(order_url, challenge_url, policy, accept_first)
+            await self._wait_for_order(order_url, challenge_url, policy, accept_first, accept_unsure)
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
             return await run(
@@ -345,7 +361,10 @@ class CertificateWorkflow:
         except ActivityError as err:
             if self._stop is not None:
                 raise _Stopped() from None
-            raise failure_of(err) from None
+            failure = failure_of(err)
+            if failure.accepted:
+                self._accepted_challenge = record.challenge_url or self._record.challenge_url
+            raise failure from None
 
     def _choose_issuer(
         self, record: CertificateRecord, allowed: list[str], policy: ProvisioningPolicy
@@ -406,9 +425,10 @@ class CertificateWorkflow:
             return OrderKind.NEW
         if self._issuer is not None and self._named(record.issuer) != self._issuer:
             return OrderKind.NEW
+        # Boulder's SuggestedWindow.IsWithin: start <= now < end, at the order itself.
         window = record.ari_window
-        in_window = window is not None and window[0] <= workflow.now() <= window[1]
-        return OrderKind.ARI_RENEWAL if self._ari_renewal or in_window else OrderKind.RENEWAL
+        in_window = window is not None and window[0] <= workflow.now() < window[1]
+        return OrderKind.ARI_RENEWAL if in_window else OrderKind.RENEWAL
 
     async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
         """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
@@ -428,13 +448,16 @@ class CertificateWorkflow:
         challenge_url: str | None,
         policy: ProvisioningPolicy,
         accept_first: bool = False,
+        accept_unsure: bool = False,
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
-        then on durable timers that back off."""
+        then on durable timers that back off. The challenge is POSTed at most once:
+        never again once the CA answered (SPEC §3 step 5)."""
         attempt = 0
         while True:
             self._check_stop()
             self._enter(Phase.POLLING_ORDER)
+            accepting = accept_first and attempt == 0
             progress = await run(
                 order_wait(policy.order_fast_poll_seconds),
                 AcmeActivities.wait_for_order,
@@ -442,10 +465,13 @@ class CertificateWorkflow:
                     order_url=order_url,
                     challenge_url=challenge_url,
                     within_seconds=policy.order_fast_poll_seconds,
-                    accept_first=accept_first and attempt == 0,
+                    accept_first=accepting,
                     issuer=self._issuer,
+                    accept_unsure=accepting and accept_unsure,
                 ),
             )
+            if accepting:
+                self._accepted_challenge = challenge_url
             if progress.status in ISSUABLE:
                 return
             delay = order_poll_delay(attempt, progress.retry_after_seconds)
@@ -673,13 +699,28 @@ class CertificateWorkflow:
         record = self._record
         assert record.not_before and record.expires_at
         fraction = certificate_fraction(record.hostname, record.not_before)
-        self._ari_renewal = False
         while self._stop is None and not self._renew_requested:
             window = self._record.ari_window
             renew_at = spread_renewal_time(record.not_before, record.expires_at, window, fraction)
             now = workflow.now()
             if renew_at <= now:
-                self._ari_renewal = window is not None
+                # At once: the window was open when the certificate was young, or the
+                # sweep's answer after a hold says now: its replacement is held if the
+                # CA says the same again.
+                if window is not None and (self._young(now) or self._ari_hold_released):
+                    if (
+                        self._renewed_at_once
+                        and not self._ari_hold_released
+                        and workflow.patched(ARI_ONCE_PER_WINDOW_PATCH)
+                    ):
+                        await self._hold_at_once_window(fraction)
+                        continue
+                    workflow.logger.info(
+                        "the CA's renewal window for %s is open already, an hour after"
+                        " issuance or less: renewing once",
+                        record.hostname,
+                    )
+                    self._renewing_at_once = True
                 return True
             if workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN:
                 return False
@@ -696,6 +737,39 @@ class CertificateWorkflow:
                 pass
             self._next_attempt_at = None
         return True
+
+    def _young(self, now: datetime) -> bool:
+        """The current certificate was stored an hour ago or less."""
+        issued_at = self._record.issued_at
+        return issued_at is not None and now - issued_at <= AT_ONCE_AGE
+
+    async def _hold_at_once_window(self, fraction: float) -> None:
+        """A second certificate in a row whose window was open at once: the CA keeps
+        telling us to renew now (an incident, or a CA bug). Renewing again would loop;
+        wait for the renewal-info sweep's next answer instead (at the latest, the
+        lifetime rule's renewal time)."""
+        record = self._record
+        assert record.not_before and record.expires_at
+        workflow.logger.warning(
+            "the CA's renewal window for %s opened at once again for its replacement"
+            " (serial %s): waiting for the next renewal-info answer, not renewing",
+            record.hostname,
+            record.serial,
+        )
+        backstop = spread_renewal_time(record.not_before, record.expires_at, None, fraction)
+        self._window_moved = False
+        self._next_attempt_at = backstop
+        self._enter(Phase.WAITING_FOR_RENEWAL_INFO)
+        try:
+            await workflow.wait_condition(
+                lambda: self._renew_requested or self._stop is not None or self._window_moved,
+                timeout=max(backstop - workflow.now(), timedelta(seconds=1)),
+                timeout_summary="the next renewal-info answer",
+            )
+        except asyncio.TimeoutError:
+            pass
+        self._next_attempt_at = None
+        self._ari_hold_released = True
 
     async def _ask_and_wait_for_renewal(self) -> None:
         """How runs from before RENEWAL_INFO_SWEEP_PATCH wait: asking the CA's ARI
@@ -891,11 +965,14 @@ class CertificateWorkflow:
             waits = CarriedWaits(
                 dns_failures=self._dns_failures,
                 warned_expiring=self._warned_expiring,
-                ari_renewal=self._ari_renewal,
+                renewed_at_once=self._renewed_at_once,
                 passed_over=self._passed_over,
                 unreachable_since=self._unreachable_since,
                 caa_disagreements=self._caa_disagreements,
+                accepted_challenge=self._accepted_challenge,
             )
+        if after_issuance and self._renewing_at_once:
+            waits = CarriedWaits(renewed_at_once=True)
         return CertificateInput(
             hostname=record.hostname,
             tenant_id=record.tenant_id,

@@ -83,7 +83,12 @@ class AttemptFailed(Exception):
     """An attempt ended with an error code (SPEC §4) and a message for the product."""
 
     def __init__(
-        self, code: ErrorCode, message: str, retry_after: float | None, unreachable: bool = False
+        self,
+        code: ErrorCode,
+        message: str,
+        retry_after: float | None,
+        unreachable: bool = False,
+        accepted: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -91,6 +96,8 @@ class AttemptFailed(Exception):
         self.retry_after = retry_after
         self.unreachable = unreachable
         """The CA did not answer at all (AcmeProblemError.unreachable)."""
+        self.accepted = accepted
+        """The CA answered the attempt's accept before it failed (AcmeProblemError.accepted)."""
 
 
 def failure_of(err: ActivityError) -> AttemptFailed:
@@ -106,6 +113,7 @@ def failure_of(err: ActivityError) -> AttemptFailed:
             str(details.get("message") or cause.message),
             details.get("retry_after_seconds"),
             bool(details.get("unreachable")),
+            bool(details.get("accepted")),
         )
     reason = str(cause or err)
     return AttemptFailed(ErrorCode.ACME_TEMPORARY, f"{err.activity_type} failed: {reason}", None)

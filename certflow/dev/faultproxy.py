@@ -225,6 +225,12 @@ class Fault:
     (``application/problem+json``); otherwise it is a short plain-text body."""
     drop: bool = False
     """Close the connection without sending any response."""
+    detail: str | None = None
+    """The problem document's ``detail`` (e.g. Boulder's exact text); a generic one
+    naming the endpoint when None."""
+    only_with: str | None = None
+    """Answer only requests whose JWS payload has this member (``"replaces"``: a
+    renewal's new-order); others pass by, the fault staying queued."""
 
     def __post_init__(self) -> None:
         if self.drop:
@@ -253,6 +259,23 @@ class Fault:
     def dropped(cls) -> Fault:
         """Close the connection without any response."""
         return cls(drop=True)
+
+    @classmethod
+    def problem(
+        cls, status: int, problem_type: str, detail: str, *, only_with: str | None = None
+    ) -> Fault:
+        """An ACME problem document with this status, type and detail (Boulder's)."""
+        return cls(status, None, problem_type, detail=detail, only_with=only_with)
+
+    def applies_to(self, body: bytes | None) -> bool:
+        if self.only_with is None:
+            return True
+        payload = _jws_payload(body)
+        try:
+            document = json.loads(payload) if payload else None
+        except ValueError:
+            return False
+        return isinstance(document, dict) and self.only_with in document
 
 
 @dataclass(frozen=True)
@@ -900,9 +923,16 @@ class _ValidationFailures:
     result is hidden; the order never becomes ready)."""
 
     def __init__(self) -> None:
-        self.problems: dict[str, dict[str, Any]] = {}  # hostname → problem document
+        # hostname → (problem document, seconds the validation takes)
+        self.problems: dict[str, tuple[dict[str, Any], float]] = {}
         self._authz_of: dict[str, tuple[str, str]] = {}  # challenge path → (authz path, hostname)
-        self._failed: dict[str, dict[str, Any]] = {}  # authz path → problem
+        self._failed: dict[str, tuple[dict[str, Any], float]] = {}  # authz path → (problem, when)
+
+    def _verdict(self, authz_path: str) -> dict[str, Any] | None:
+        """The failed validation's problem once it is over; None while it runs (the
+        CA shows the challenge pending meanwhile, as Boulder does)."""
+        problem, when = self._failed[authz_path]
+        return problem if time.monotonic() >= when else None
 
     def rewrite(
         self, endpoint: Endpoint, method: str, path: str, body: bytes | None, data: bytes
@@ -922,12 +952,17 @@ class _ValidationFailures:
                 for challenge in document.get("challenges") or []:
                     url_path = urllib.parse.urlsplit(str(challenge.get("url", ""))).path
                     self._authz_of[url_path] = (request_path, hostname)
-            problem = self._failed.get(request_path)
-            if problem is None:
+            if request_path not in self._failed:
                 return data
-            document["status"] = "invalid"
+            problem = self._verdict(request_path)
+            document["status"] = "pending" if problem is None else "invalid"
             for challenge in document.get("challenges") or []:
-                if challenge.get("type") == "http-01":
+                if challenge.get("type") != "http-01":
+                    continue
+                if problem is None:
+                    challenge["status"] = "pending"
+                    challenge.pop("validated", None)
+                else:
                     challenge.update(status="invalid", error=problem)
         elif endpoint is Endpoint.CHALLENGE:
             found = self._authz_of.get(request_path)
@@ -936,19 +971,25 @@ class _ValidationFailures:
             authz_path, hostname = found
             accept = method == "POST" and _jws_payload(body) == b"{}"
             if accept and authz_path not in self._failed and hostname in self.problems:
-                self._failed[authz_path] = self.problems[hostname]
-                document["status"] = "processing"
-            elif authz_path in self._failed:
-                document.update(status="invalid", error=self._failed[authz_path])
-            else:
+                problem, takes = self.problems[hostname]
+                self._failed[authz_path] = (problem, time.monotonic() + takes)
+            if authz_path not in self._failed:
                 return data
+            verdict = self._verdict(authz_path)
+            if verdict is None:
+                document["status"] = "pending"
+                document.pop("validated", None)
+            else:
+                document.update(status="invalid", error=verdict)
         elif endpoint is Endpoint.ORDER:
             authz_paths = {
                 urllib.parse.urlsplit(str(u)).path for u in document.get("authorizations") or []
             }
-            if not authz_paths & set(self._failed):
+            failed = authz_paths & set(self._failed)
+            if not failed:
                 return data
-            document["status"] = "invalid"
+            over = any(self._verdict(path) is not None for path in failed)
+            document["status"] = "invalid" if over else "pending"
         else:
             return data
         return json.dumps(document).encode()
@@ -971,14 +1012,18 @@ class _State:
         self.validation_failures = _ValidationFailures()
         self.limits = _Limits()
 
-    def receive(self, endpoint: Endpoint) -> Fault | None:
+    def receive(self, endpoint: Endpoint, body: bytes | None = None) -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
         with self.lock:
             self.received[endpoint] += 1
             queue = self.queued.get(endpoint)
-            if queue:
-                return queue.popleft()
-            return self.always.get(endpoint)
+            for fault in list(queue or ()):
+                if fault.applies_to(body):
+                    assert queue is not None
+                    queue.remove(fault)
+                    return fault
+            always = self.always.get(endpoint)
+            return always if always is not None and always.applies_to(body) else None
 
     def record_forward(self, endpoint: Endpoint, body: bytes | None) -> None:
         identifiers = _new_order_identifiers(body) if endpoint is Endpoint.NEW_ORDER else set()
@@ -1042,7 +1087,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         endpoint = classify_path(self.path)
         state = self.server.state
-        fault = state.receive(endpoint)
+        fault = state.receive(endpoint, body)
         if fault is not None:
             logger.debug("%s %s (%s): injecting %s", self.command, self.path, endpoint, fault)
             self._answer_fault(endpoint, fault)
@@ -1254,7 +1299,7 @@ class _Handler(BaseHTTPRequestHandler):
             content_type = "application/problem+json"
             problem = {
                 "type": fault.problem_type,
-                "detail": f"injected by certflow faultproxy ({endpoint})",
+                "detail": fault.detail or f"injected by certflow faultproxy ({endpoint})",
                 "status": status,
             }
             data = json.dumps(problem).encode()
@@ -1439,14 +1484,21 @@ class FaultProxy:
         with self._state.lock:
             return len(self._state.queued.get(endpoint, ()))
 
-    def fail_validation(self, hostname: str, problem_type: str, detail: str) -> None:
+    def fail_validation(
+        self, hostname: str, problem_type: str, detail: str, *, takes: float = 0.0
+    ) -> None:
         """From now on, the accept of a challenge for ``hostname`` fails validation as
         the CA reports it: that authorization, its challenge (with ``{"type":
         problem_type, "detail": detail, "status": 403}`` as its error) and its order
-        read ``invalid``. :meth:`pass_validation` stops it for later accepts."""
+        read ``invalid`` — after ``takes`` seconds during which they read
+        ``pending``, as Boulder shows a challenge under validation.
+        :meth:`pass_validation` stops it for later accepts."""
         problem = {"type": problem_type, "detail": detail, "status": 403}
         with self._state.lock:
-            self._state.validation_failures.problems[hostname.lower().rstrip(".")] = problem
+            self._state.validation_failures.problems[hostname.lower().rstrip(".")] = (
+                problem,
+                takes,
+            )
 
     def pass_validation(self, hostname: str) -> None:
         """Later accepts for ``hostname`` validate as Pebble decides again."""

@@ -8,3 +8,31 @@ ALTER TABLE certificates
         ('DNS_CNAME', 'DNS_CAA', 'ACME_RATE_LIMITED', 'ACME_INVALID_ORDER',
          'ACME_TEMPORARY', 'ACME_FAILED', 'ACME_REJECTED', 'HTTP01_UNREACHABLE',
          'INVALID_HOSTNAME', 'ACME_CAA'));
+
+-- `replaces` (RFC 9773) refusals scoped as Boulder scopes them. A CA that rejects the
+-- field itself (400 malformed on a well-formed certID) is asked again after a day,
+-- never switched off for good (takes_replaces is no longer read). A 500 on
+-- `replaces` is temporary; since when it has failed for the certificate is kept, and
+-- past an hour its renewal goes without it: no refusal blocks a renewal.
+ALTER TABLE acme_accounts ADD COLUMN replaces_refused_until timestamptz;
+UPDATE acme_accounts SET replaces_refused_until = now() + interval '1 day'
+    WHERE NOT takes_replaces;
+ALTER TABLE certificates ADD COLUMN replaces_failing_since timestamptz;
+
+-- When the current certificate was stored (its notBefore may be backdated): a
+-- certificate an hour old or less whose ARI window is already open renews once.
+ALTER TABLE certificates ADD COLUMN ssl_issued_at timestamptz;
+
+-- The change feed follows commits, not ids (certflow/changes.py): each event carries
+-- its transaction's id. Older events keep NULL (no table rewrite); the feed starts
+-- after them.
+ALTER TABLE certificate_events ADD COLUMN xid xid8;
+ALTER TABLE certificate_events ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
+CREATE INDEX certificate_events_xid ON certificate_events (xid);
+
+-- certificate_events has a retention (certflow/event_retention.py): how far a pass
+-- has pruned, so the next starts there.
+CREATE TABLE event_retention (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    pruned_through bigint NOT NULL DEFAULT 0
+);

@@ -916,7 +916,8 @@ async def test_a_ca_refusing_on_caa_is_believed_until_caa_changes(
             assert time.monotonic() < deadline, "no DNS re-checks"
             await asyncio.sleep(0.2)
         assert stack.proxy.new_orders_for(hostname) == 1
-        assert (await client.status(hostname)).retry_count == 1  # nothing more spent
+        now = await client.status(hostname)
+        assert now is not None and now.retry_count == 1  # nothing more spent
 
         stack.proxy.pass_validation(hostname)
         stack.dns.set_caa(apex, [(0, "issue", ISSUER)])  # the answer changes
@@ -925,6 +926,46 @@ async def test_a_ca_refusing_on_caa_is_believed_until_caa_changes(
         assert stack.proxy.new_orders_for(hostname) == 2
     finally:
         stack.proxy.pass_validation(hostname)
+
+
+# -------------------------------------------- one POST per challenge, however slow (case 11)
+
+
+async def test_a_slow_failing_validation_is_posted_once(
+    stack: DnsStack, clients: dict[str, CertflowClient], db: asyncpg.Pool
+) -> None:
+    """Case 11: the CA takes 8 s to fail the validation (played by the proxy: the
+    challenge reads ``pending`` meanwhile, as Boulder shows it), then reports a
+    timeout. The challenge is POSTed once, counted at the proxy: Boulder starts a
+    second validation for a second POST and counts each failure (ra.go
+    PerformValidation). One failure counted, ACME_INVALID_ORDER with the CA's
+    detail. Red before this change: a challenge still pending after 5 s was
+    POSTed again (two accepts, the budget spent twice at the CA)."""
+    client = clients["main"]
+    hostname, _ = stack.customer("c11")
+    detail = (
+        f"127.0.0.1: Fetching http://{hostname}/.well-known/acme-challenge/x:"
+        " Timeout after connect (your server may be slow or overloaded)"
+    )
+    stack.proxy.fail_validation(
+        hostname, "urn:ietf:params:acme:error:connection", detail, takes=8.0
+    )
+    try:
+        await client.request([hostname])
+        failed = await wait_for(
+            client, hostname, has_code(ErrorCode.ACME_INVALID_ORDER), what="ACME_INVALID_ORDER"
+        )
+        show("case 11", failed, stack)
+        assert detail in (failed.error_message or "")
+        assert failed.retry_count == 1
+        # Every challenge the CA showed was POSTed once at most (the next order's
+        # may have started meanwhile), the failed one exactly once.
+        accepts = {p: stack.ca.accepts(hostname, p) for p in stack.ca.challenge_paths(hostname)}
+        print(f"[case 11] accepts per challenge: {accepts}")
+        assert sum(accepts.values()) >= 1 and max(accepts.values()) == 1, accepts
+    finally:
+        stack.proxy.pass_validation(hostname)
+        await client.cancel(hostname)
 
 
 # ------------------------------------------------------------------ a long name (case 7)

@@ -113,7 +113,6 @@ def test_rate_limit_scope_comes_from_the_anchor() -> None:
 def test_non_rate_limits_carry_no_scope() -> None:
     err = classify_acme_failure(_problem("urn:ietf:params:acme:error:serverInternal", 500))
     assert err.limit_scope is None and err.limit_anchor is None and not err.paused
-    assert not err.replaces_refused
 
 
 def test_temporary_is_retryable_with_its_retry_after() -> None:

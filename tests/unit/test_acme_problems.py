@@ -24,7 +24,8 @@ from activities.acme_problems import (
     RateLimit,
     challenge_failure,
     is_rate_limited,
-    is_replaces_refusal,
+    ReplacesRefusal,
+    replaces_refusal,
     limit_anchor,
     problem_error,
     rate_limit_for,
@@ -491,56 +492,59 @@ def test_temporary_faults(exc: Exception, code: ErrorCode) -> None:
 # ------------------------------------------------------------ refused `replaces`
 
 REPLACES = "Could not validate ARI 'replaces' field :: "
+CERTIFICATE, FIELD, TEMPORARY = (
+    ReplacesRefusal.CERTIFICATE,
+    ReplacesRefusal.FIELD,
+    ReplacesRefusal.TEMPORARY,
+)
 
 
 @pytest.mark.parametrize(
-    ("typ", "detail", "status"),
+    ("typ", "detail", "status", "expected"),
     [
         # wfe2/wfe.go validateReplacementOrder (AlreadyReplacedError → probs.AlreadyReplaced, 409)
         ("alreadyReplaced", REPLACES + 'cannot indicate an order replaces certificate with serial'
-         ' "03a1b2c3d4e5f60718293a4b5c6d7e8f9a0b", which already has a replacement order', 409),
+         ' "03a1b2c3d4e5f60718293a4b5c6d7e8f9a0b", which already has a replacement order', 409,
+         CERTIFICATE),
         # parseARICertID (MalformedError, 400; NotFoundError → probs.NotFound: malformed, 404)
-        ("malformed", REPLACES + "Invalid path", 400),
-        ("malformed", REPLACES + "Authority Key Identifier was not base64url-encoded or"
-         " contained padding: illegal base64 data at input byte 3", 400),
+        ("malformed", REPLACES + "Invalid path", 400, FIELD),
         ("malformed", REPLACES + "path contained an Authority Key Identifier that did not"
-         " match a known issuer", 404),
+         " match a known issuer", 404, CERTIFICATE),
         # orderMatchesReplacement (NotFound 404, Unauthorized 403, Malformed 400)
         ("malformed", REPLACES + 'request included `replaces` field, but no current certificate'
-         ' with serial "03a1" exists', 404),
+         ' with serial "03a1" exists', 404, CERTIFICATE),
         ("unauthorized", REPLACES + "requester account did not request the certificate being"
-         " replaced by this order", 403),
+         " replaced by this order", 403, CERTIFICATE),
         ("malformed", REPLACES + "identifiers in this order do not match any identifiers in the"
-         " certificate being replaced", 400),
-        # Pebble wfe/wfe.go validateReplacementOrder
-        ("alreadyReplaced", "certificate with serial 5f2e already has a replacement order", 409),
-        ("malformed", "parsing ARI CertID failed: invalid path", 400),
-        ("serverInternal", "could not find an order for the given certificate: not found", 500),
+         " certificate being replaced", 400, FIELD),
+        # a CA that wants its own certificate identifier: no field named in the detail
+        ("malformed", "Certificate not found for certID aYhba4dGQEHhs3uEe6CuLN4ByNQ.AIdlQyE", 404,
+         CERTIFICATE),
+        # errors.New("failed to retrieve existing certificate") → probs.ServerInternal(msg)
+        ("serverInternal", "Could not validate ARI 'replaces' field", 500, TEMPORARY),
+        ("serverInternal", "could not find an order for the given certificate: not found", 500,
+         TEMPORARY),
         # Boulder before #8053 answered 409 conflict
         ("conflict", REPLACES + "cannot indicate an order replaces certificate with serial"
-         ' "03a1", which already has a replacement order', 409),
+         ' "03a1", which already has a replacement order', 409, CERTIFICATE),
+        # not about replaces: handled as any answer
+        ("rateLimited", NEW_ORDERS_PER_ACCOUNT, 429, None),
+        ("serverInternal", "Error creating new order", 500, None),
     ],
 )
-def test_replaces_refusal_is_recognisable(typ: str, detail: str, status: int) -> None:
-    assert is_replaces_refusal(ERR + typ, detail, status)
-    err = classify_acme_failure(_boulder(typ, detail, status))
-    assert err.replaces_refused and err.code is E.ACME_INVALID_ORDER and err.non_retryable
-    assert err.details()["replaces_refused"] is True
-    assert "replaces" in err.message
+def test_a_refused_replaces_is_scoped_as_boulder_scopes_it(
+    typ: str, detail: str, status: int, expected: ReplacesRefusal | None
+) -> None:
+    """Shown red before this change: a 404 "Certificate not found for certID" was no
+    refusal of ``replaces`` (ACME_TEMPORARY, the same order for ever) and every
+    refusal but 409 switched ``replaces`` off for the account for good."""
+    assert replaces_refusal(ERR + typ, detail, status) is expected
 
 
-@pytest.mark.parametrize(
-    ("typ", "detail", "status"),
-    [
-        ("unauthorized", "User account ID doesn't match account ID in authorization", 403),
-        ("malformed", "Unable to validate JWS :: Invalid Content-Type header", 400),
-        ("rateLimited", NEW_ORDERS_PER_ACCOUNT, 429),
-        ("rejectedIdentifier", POLICY_FORBIDDEN, 400),
-    ],
-)
-def test_other_refusals_are_not_about_replaces(typ: str, detail: str, status: int) -> None:
-    assert not is_replaces_refusal(ERR + typ, detail, status)
-    assert not classify_acme_failure(_boulder(typ, detail, status)).replaces_refused
+def test_a_refused_replaces_without_a_status_reads_the_type() -> None:
+    assert replaces_refusal(ERR + "alreadyReplaced", "x", None) is CERTIFICATE
+    assert replaces_refusal(ERR + "malformed", "x", None) is FIELD
+    assert replaces_refusal(ERR + "serverInternal", "x", None) is None
 
 
 # ------------------------------------------------------------ codes and schema

@@ -57,33 +57,36 @@ class Zone:
 
 
 async def test_no_caa_allows_every_issuer_in_order() -> None:
-    allowed, reason = await allowed_issuers(HOST, ISSUERS, Zone())
+    found = await allowed_issuers(HOST, ISSUERS, Zone())
+    allowed, reason = found.names, found.reason
     assert allowed == ["letsencrypt", "zerossl", "gts"]
     assert "any CA may issue" in reason
 
 
 async def test_caa_naming_one_ca_allows_only_it() -> None:
-    allowed, reason = await allowed_issuers(HOST, ISSUERS, Zone(apex=["pki.goog"]))
+    found = await allowed_issuers(HOST, ISSUERS, Zone(apex=["pki.goog"]))
+    allowed, reason = found.names, found.reason
     assert allowed == ["gts"]
-    allowed, _ = await allowed_issuers(HOST, ISSUERS, Zone(apex=["zerossl.com", "pki.goog"]))
+    allowed = (await allowed_issuers(HOST, ISSUERS, Zone(apex=["zerossl.com", "pki.goog"]))).names
     assert allowed == ["zerossl", "gts"]
 
 
 async def test_the_edge_set_decides_before_the_apex() -> None:
     """As the CA reads it: the CAA set at the end of the alias chain decides."""
-    allowed, reason = await allowed_issuers(
+    found = await allowed_issuers(
         HOST, ISSUERS, Zone(edge=["sectigo.com"], apex=["letsencrypt.org"])
     )
+    allowed, reason = found.names, found.reason
     assert allowed == ["zerossl"]
     assert EDGE in reason
 
 
 async def test_accounturi_is_judged_per_issuer() -> None:
     other = "letsencrypt.org; accounturi=https://le.test/acct/999"
-    allowed, _ = await allowed_issuers(HOST, ISSUERS, Zone(apex=[other, "pki.goog"]))
+    allowed = (await allowed_issuers(HOST, ISSUERS, Zone(apex=[other, "pki.goog"]))).names
     assert allowed == ["gts"]
     ours = "letsencrypt.org; accounturi=https://le.test/acct/1"
-    allowed, _ = await allowed_issuers(HOST, ISSUERS, Zone(apex=[ours]))
+    allowed = (await allowed_issuers(HOST, ISSUERS, Zone(apex=[ours]))).names
     assert allowed == ["letsencrypt"]
 
 
@@ -193,5 +196,5 @@ async def test_an_account_registered_after_start_brings_its_url_to_caa() -> None
     with pytest.raises(DnsCheckError):
         await allowed_issuers(HOST, checker.caa_issuers, bound)
     account_urls["zerossl"] = "https://zerossl.test/acct/9"
-    allowed, _ = await allowed_issuers(HOST, checker.caa_issuers, bound)
+    allowed = (await allowed_issuers(HOST, checker.caa_issuers, bound)).names
     assert allowed == ["zerossl"]

@@ -183,6 +183,7 @@ class Row:
     deleted: bool = False
     issuer: str | None = None
     order_issuer: str | None = None
+    issued_at: datetime | None = None
 
     def record(self) -> CertificateRecord:
         return CertificateRecord(
@@ -203,6 +204,7 @@ class Row:
             ari_window_end=self.ari_window[1] if self.ari_window else None,
             issuer=self.issuer,
             order_issuer=self.order_issuer,
+            issued_at=self.issued_at,
         )
 
     def clear_order(self) -> None:
@@ -428,8 +430,10 @@ class Fakes:
                 not_after=now + self.lifetime,
                 ari_window_start=window[0] if window else None,
                 ari_window_end=window[1] if window else None,
+                issued_at=now,
             )
             self.issued.append(issued)
+            row.issued_at = now
             row.status = CertificateStatus.ACTIVE
             row.serial = issued.serial_hex
             row.not_before, row.expires_at = issued.not_before, issued.not_after

@@ -5,6 +5,11 @@ at the CA (Boulder's ra.go countFailedValidations): it counts in the budget, our
 reading of CAA then is remembered, and no new order goes to that CA until the
 reading changes (or ``retry``).
 
+An ARI window is believed once: a certificate an hour old or less whose window is
+already open renews once; when its replacement gets such a window too, that is a
+CA telling us to renew for ever (an incident, a bug), and it waits for the
+renewal-info sweep's next answer.
+
 See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 """
 
@@ -16,9 +21,9 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, DnsVerdict
+from certflow.models import CertificateStatus, DnsVerdict, OrderKind, Phase, RenewalWindow
 
-from .fakes import DEFAULT, FAST_POLICY, Fakes, app_error, started
+from .fakes import DEFAULT, FAST_POLICY, Fakes, active_row, app_error, started
 
 READING_BEFORE = 'CAA at edge.test (via x.test → edge.test): 0 issue "letsencrypt.org"'
 READING_AFTER = 'CAA at edge.test (via x.test → edge.test): 0 issue "other.test"; 0 issue "letsencrypt.org"'
@@ -95,3 +100,77 @@ async def test_retry_orders_again_despite_the_disagreement(workflow_env: Workflo
         await run.handle.signal("retry")
         await run.until_active()
         assert fakes.orders_created == 2
+
+
+async def test_an_open_window_on_a_fresh_certificate_renews_once_not_in_a_loop(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The CA answers every new certificate's first ARI question with a window that
+    closed an hour before it was issued (fakes.first_window): the first certificate renews at once,
+    the second waits for the sweep's next answer. Over a simulated day: two orders
+    (issuance, one renewal), the second certificate held in its own phase. Red
+    before this change (ARI_ONCE_PER_WINDOW_PATCH's branch removed): a renewal every
+    few seconds, hundreds of orders a day."""
+    fakes = Fakes(workflow_env)
+    fakes.first_window = (timedelta(hours=-2), timedelta(hours=-1))  # over before issuance
+    async with started(workflow_env, fakes) as run:
+        await run.until(
+            lambda s: s.phase == Phase.WAITING_FOR_RENEWAL_INFO, "the hold", advance=5
+        )
+        start = await run.now()
+        while await run.now() < start + timedelta(days=1):
+            await workflow_env.sleep(timedelta(hours=2))
+        print(f"\n[ARI at once] orders over a simulated day: {fakes.orders_created}")
+        assert fakes.orders_created == 2
+        assert len(fakes.issued) == 2
+        state = await run.state()
+        assert state.phase == Phase.WAITING_FOR_RENEWAL_INFO
+        # The sweep's next answer decides: a window that moved renews, once more; the
+        # replacement, given a window in the past again, is held at once.
+        await run.handle.signal(
+            "renewal_window",
+            RenewalWindow(serial=fakes.issued[-1].serial_hex, start=await run.now(), end=await run.now() + timedelta(hours=1)),
+        )
+        await run.until_calls("place_order", 3, advance=5)
+        await run.until(
+            lambda s: s.phase == Phase.WAITING_FOR_RENEWAL_INFO and len(fakes.issued) == 3,
+            "the third certificate held",
+            advance=5,
+        )
+        await workflow_env.sleep(timedelta(hours=6))
+        assert fakes.orders_created == 3  # its own at-once window: held, not renewed
+        await run.cancel()
+
+
+async def test_an_order_is_an_ari_renewal_only_while_inside_the_window(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The renewal starts in its ARI window (first order ARI_RENEWAL), fails, and
+    the next order leaves after the window ended: a plain RENEWAL (Boulder's
+    IsWithin at the order: start <= now < end), not exempt from the limits. Red
+    before this change: the renewal kept counting as an ARI renewal because it
+    started in the window."""
+    t0 = await workflow_env.get_current_time()
+    window = (t0 + timedelta(days=20), t0 + timedelta(days=20, hours=1))
+    row = active_row(t0, timedelta(days=90))
+    row.ari_window = window
+    policy = FAST_POLICY.model_copy(
+        update={"failure_backoff_initial_seconds": 7200, "failure_backoff_max_seconds": 7200}
+    )
+    fakes = Fakes(workflow_env, row=row, policy=policy)
+
+    async def fail_first(index: int, _: Any) -> Any:
+        if index == 0:
+            raise app_error(ErrorCode.ACME_INVALID_ORDER, "the order became invalid")
+        return DEFAULT
+
+    fakes.behaviours["wait_for_order"] = fail_first
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        await run.sleep_until(window[1])
+        first, second = await run.until_calls("place_order", 2, advance=600)
+        assert window[0] <= first.at < window[1] and second.at >= window[1]
+        assert first.arg.kind is OrderKind.ARI_RENEWAL
+        assert second.arg.kind is OrderKind.RENEWAL
+        await run.until_active(serial_count=1)
+        await run.cancel()
