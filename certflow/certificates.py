@@ -288,24 +288,49 @@ async def remove_probe(pool: asyncpg.Pool, token: str) -> None:
     )
 
 
+OWNED_ELSEWHERE = "refused: requested by another tenant"
+"""The message of the event a refused request leaves on the hostname's row."""
+
+
 async def request_certificates(
     pool: asyncpg.Pool, hostnames: Sequence[str], tenant_id: str | None
-) -> None:
+) -> list[str]:
     """Upsert the rows a product asks for, in one statement; a canceled one is
-    requested again."""
-    await pool.execute(
+    requested again. A hostname of another tenant is refused: then nothing is
+    written but an event on each such row, and their names are returned. A request
+    without a tenant keeps the row's; a row without one takes the requester's."""
+    refused: list[str] = await pool.fetchval(
         """
-        INSERT INTO certificates (hostname, tenant_id)
-        SELECT h, $2 FROM unnest($1::text[]) AS h
-        ON CONFLICT (hostname) DO UPDATE SET
-            tenant_id = coalesce(EXCLUDED.tenant_id, certificates.tenant_id),
-            status = CASE WHEN certificates.status = 'CANCELED' THEN 'PENDING'
-                          ELSE certificates.status END,
-            updated_at = now()
+        WITH owned AS (
+            SELECT id, hostname, status FROM certificates
+            WHERE hostname = ANY($1::citext[]) AND $2::text IS NOT NULL
+              AND tenant_id IS NOT NULL AND tenant_id <> $2
+        ), refused AS (
+            INSERT INTO certificate_events (certificate_id, hostname, from_status, to_status, message)
+            SELECT id, hostname, status, status, $3 FROM owned
+            RETURNING hostname
+        ), upserted AS (
+            INSERT INTO certificates AS c (hostname, tenant_id)
+            SELECT h, $2 FROM unnest($1::text[]) AS h WHERE NOT EXISTS (SELECT 1 FROM owned)
+            ON CONFLICT (hostname) DO UPDATE SET
+                tenant_id = coalesce(c.tenant_id, EXCLUDED.tenant_id),
+                status = CASE WHEN c.status = 'CANCELED' THEN 'PENDING' ELSE c.status END,
+                updated_at = now()
+            -- Also against a row another tenant inserted since ``owned`` was read.
+            WHERE EXCLUDED.tenant_id IS NULL OR c.tenant_id IS NULL
+               OR c.tenant_id = EXCLUDED.tenant_id
+            RETURNING c.hostname
+        )
+        SELECT CASE WHEN EXISTS (SELECT 1 FROM refused)
+                    THEN array(SELECT hostname::text FROM refused)
+                    ELSE array(SELECT h FROM unnest($1::text[]) AS h
+                               WHERE h::citext NOT IN (SELECT hostname FROM upserted)) END
         """,
         list(hostnames),
         tenant_id,
+        OWNED_ELSEWHERE,
     )
+    return refused
 
 
 _STATE_COLUMNS = """

@@ -27,7 +27,7 @@ import asyncpg
 _HORIZON = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
 _SINCE = """
     SELECT id, hostname::text AS hostname, from_status, to_status, xid::text::bigint AS xid
-    FROM certificate_events WHERE xid >= $1::text::xid8 ORDER BY id
+    FROM certificate_events WHERE xid >= $1::bigint::text::xid8 ORDER BY id
 """
 
 

@@ -59,6 +59,18 @@ class ActionRejectedError(Exception):
     """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
 
 
+class HostnameOwnedError(ActionRejectedError):
+    """A requested hostname belongs to another tenant (which is not named)."""
+
+    def __init__(self, hostnames: Sequence[str]) -> None:
+        self.hostnames = list(hostnames)
+        names = ", ".join(self.hostnames)
+        one = len(self.hostnames) == 1
+        super().__init__(
+            f"{names} {'belongs' if one else 'belong'} to another tenant; nothing was requested"
+        )
+
+
 def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:
     if scope is None:
         if key is not None:
@@ -111,9 +123,15 @@ class CertflowClient:
         self, hostnames: Sequence[str], tenant_id: str | None = None
     ) -> list[str]:
         """Validate every hostname first (one bad name writes nothing), then upsert
-        each row and start its workflow, or find the one already running."""
+        each row and start its workflow, or find the one already running.
+
+        A hostname of another tenant is refused: HostnameOwnedError, nothing
+        requested (an event on that row says so). Without ``tenant_id`` a row keeps
+        its tenant."""
         unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
-        await certificates.request_certificates(self.pool, unique, tenant_id)
+        refused = await certificates.request_certificates(self.pool, unique, tenant_id)
+        if refused:
+            raise HostnameOwnedError(refused)
         # Starts are independent round trips to Temporal: a few at a time.
         slots = asyncio.Semaphore(START_CONCURRENCY)
 

@@ -117,6 +117,9 @@ COOLDOWN_SPREAD_PATCH = "cooldown-spread"
 """Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
 HTTP01_SELF_CHECK_PATCH = "http01-self-check"
 """The persisted challenge is fetched as the CA would fetch it before it is accepted."""
+BOUNDED_ORDER_POLL_PATCH = "bounded-order-poll"
+"""Polling an order the CA keeps pending continues as new past
+HISTORY_EVENTS_BEFORE_NEW_RUN events too, the open order on the row."""
 ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
 """A certificate an hour old or less whose ARI window is already open renews once; its
 replacement, given such a window again, waits for the sweep's next answer."""
@@ -479,6 +482,15 @@ class CertificateWorkflow:
             self._enter(Phase.polling_again(progress.status))
             # The CA's pacing (Retry-After) is honoured even against "retry now".
             await self._sleep(delay, interruptible=False)
+            if (
+                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+                and self._stop is None
+                and workflow.patched(BOUNDED_ORDER_POLL_PATCH)
+            ):
+                # An order the CA keeps pending for days (an incident): the next run
+                # goes on polling it from the row, never accepting it again.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._next_run_input(carry_waits=True))
 
     async def _record_failure(self, failure: AttemptFailed, policy: ProvisioningPolicy) -> bool:
         record = self._record

@@ -36,3 +36,21 @@ CREATE TABLE event_retention (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     pruned_through bigint NOT NULL DEFAULT 0
 );
+
+-- A hostname belongs to its tenant: tenant_id, once set, changes only by an explicit
+-- transfer (a transaction that sets certflow.tenant_transfer = 'on'), whoever runs
+-- the UPDATE (a worker, starter.py, the product's own SQL).
+CREATE FUNCTION certificates_tenant_guard() RETURNS trigger AS $$
+BEGIN
+    IF OLD.tenant_id IS NOT NULL AND NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
+       AND coalesce(current_setting('certflow.tenant_transfer', true), '') <> 'on' THEN
+        RAISE EXCEPTION 'the tenant of % changes only by a transfer', OLD.hostname
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$ LANGUAGE plpgsql;
+
+CREATE TRIGGER certificates_tenant_guard
+    BEFORE UPDATE OF tenant_id ON certificates
+    FOR EACH ROW EXECUTE FUNCTION certificates_tenant_guard();

@@ -192,3 +192,47 @@ async def test_cooldown_clear_by_scope_and_key(deployment: Deployment, db: async
     assert result.returncode == 0, result.stderr
     assert await planted() == [("hostname", f"shop.{domain}")]
     await cooldown.clear_cooldowns(db, LimitScope.HOSTNAME, f"shop.{domain}")
+
+
+async def test_a_hostname_belongs_to_its_tenant(deployment: Deployment, db: asyncpg.Pool) -> None:
+    """Tenant B's request for tenant A's hostname: exit 1, one line that names no
+    tenant, nothing changed (tenant, status, the row's updated_at), one event on the
+    row saying it was refused; A's own request and one without a tenant keep A. An
+    UPDATE of the tenant by SQL is refused by the trigger (only a transfer may).
+    Red before this change: the request rewrote tenant_id to B silently
+    (``coalesce(EXCLUDED.tenant_id, …)``), exit 0, no event."""
+    hostname = deployment.hostname("owned")
+    env = _client_env(deployment)
+    # ACTIVE first, so nothing but the request could change the row.
+    first = _run(["starter.py", "request", hostname, "--tenant", "tenant-a", "--wait", "60"], env)
+    assert first.returncode == 0, first.stderr
+    before = await db.fetchrow(
+        "SELECT tenant_id, status, updated_at FROM certificates WHERE hostname = $1", hostname
+    )
+    events_before = await db.fetchval(
+        "SELECT count(*) FROM certificate_events WHERE hostname = $1", hostname
+    )
+
+    other = _run(["starter.py", "request", hostname, "--tenant", "tenant-b"], env)
+    assert other.returncode == 1
+    assert other.stderr == f"certflow: {hostname} belongs to another tenant; nothing was requested\n"
+    assert "tenant-a" not in other.stderr and other.stdout == ""
+    after = await db.fetchrow(
+        "SELECT tenant_id, status, updated_at FROM certificates WHERE hostname = $1", hostname
+    )
+    assert after["tenant_id"] == "tenant-a" and after["updated_at"] == before["updated_at"]
+    refused = await db.fetch(
+        "SELECT message FROM certificate_events WHERE hostname = $1 ORDER BY id OFFSET $2",
+        hostname,
+        events_before,
+    )
+    assert [r["message"] for r in refused] == ["refused: requested by another tenant"]
+
+    for same in (["--tenant", "tenant-a"], []):
+        again = _run(["starter.py", "request", hostname, *same], env)
+        assert again.returncode == 0, again.stderr
+    assert await db.fetchval("SELECT tenant_id FROM certificates WHERE hostname = $1", hostname) == "tenant-a"
+
+    with pytest.raises(asyncpg.CheckViolationError, match="changes only by a transfer"):
+        await db.execute("UPDATE certificates SET tenant_id = 'tenant-b' WHERE hostname = $1", hostname)
+    assert await db.fetchval("SELECT tenant_id FROM certificates WHERE hostname = $1", hostname) == "tenant-a"

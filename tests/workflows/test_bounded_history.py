@@ -15,9 +15,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
+from certflow.models import AcmeStatus, OrderProgress
 from workflows.certificate import HISTORY_EVENTS_BEFORE_NEW_RUN
 
 from .fakes import (
+    DEFAULT,
     FAST_POLICY,
     Fakes,
     Run,
@@ -121,4 +123,34 @@ async def test_a_day_of_a_cooldown_every_36_seconds(workflow_env: WorkflowEnviro
         state = await run.state()
         assert state.error_code is ErrorCode.ACME_RATE_LIMITED and state.retry_count == 0
         _check(await _run_lengths(workflow_env, run), "a day of 36 s cooldowns", len(orders))
+        await run.cancel()
+
+
+async def test_a_week_of_an_order_the_ca_keeps_pending(workflow_env: WorkflowEnvironment) -> None:
+    """The CA keeps the order pending for a simulated week (an incident), then makes
+    it ready: every run stays under the bound while the poll goes on (every 10
+    minutes, as the CA's Retry-After asks), the challenge is accepted once, no
+    second order is placed, and
+    the certificate is issued. Red before this change (BOUNDED_ORDER_POLL_PATCH's
+    check removed): six simulated hours made one run of 4,043 events, a week would
+    pass Temporal's 51,200-event limit (the workflow terminated)."""
+    fakes = Fakes(workflow_env)
+    begun = await workflow_env.get_current_time()
+    ready_at = begun + timedelta(days=7)
+
+    async def pending_for_a_week(index: int, arg: object) -> object:
+        if await workflow_env.get_current_time() < ready_at:
+            # The CA paces the polls (Retry-After: 600): ~1,000 polls in the week.
+            return OrderProgress(status=AcmeStatus.PENDING, retry_after_seconds=600)
+        return DEFAULT
+
+    fakes.behaviours["wait_for_order"] = pending_for_a_week
+    async with started(workflow_env, fakes) as run:
+        await _advance(workflow_env, timedelta(days=7, hours=1), timedelta(hours=6))
+        await run.until_active(serial_count=1, advance=60)
+        polls = fakes.of("wait_for_order")
+        assert len(polls) > 1000
+        assert len(fakes.of("place_order")) == 1
+        assert [p.arg.accept_first for p in polls].count(True) == 1  # accepted once
+        _check(await _run_lengths(workflow_env, run), "a week of a pending order", len(polls))
         await run.cancel()
