@@ -18,14 +18,23 @@ Each returns :class:`Findings`: a list of human-readable findings (empty when
 nothing leaked) that also records what was inspected, so a test can prove the
 search was not vacuous (e.g. ``len(findings.runs) >= expected``).
 
-Every searched byte string is also searched in its decoded forms, one level
-deep: the strings of a JSON document (escapes undone), and every long hex or
-base64 run decoded (bytea rendered as hex, bytes fields a serializer wrote as
-base64, a hex dump in a message).
+Every searched byte string is also searched in its decoded forms: the strings
+of a JSON document and JSON string literals inside any text (escapes undone,
+``\u0081`` included), Python ``repr()`` of bytes (``b'0\x81\x87…'``), lists of
+byte values (``[48, 129, 135, …]``), URL-encoded runs (``%30%81…``), and in each
+of those every long hex or base64/base64url run decoded (bytea rendered as hex,
+bytes a serializer wrote as base64, a hex dump in a message).
+
+Two kinds of finding: a *needle* (bytes of a known key: see :func:`key_needles`)
+anywhere in any view, and a *structure*: in any view, a DER private key of any
+key — PKCS#8 (``PrivateKeyInfo``/``OneAsymmetricKey``), SEC1 (``ECPrivateKey``)
+or PKCS#1 (``RSAPrivateKey``) — that parses as one. Structures need no needle:
+they find the key of a test that never captured it.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import binascii
@@ -33,6 +42,7 @@ import bisect
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +50,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 import temporalio.client
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa, x448, x25519
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
@@ -290,30 +301,118 @@ def _decoded_runs(data: bytes) -> Iterator[tuple[str, int, bytes]]:
         standard, urlsafe = bool(re.search(rb"[+/]", run)), bool(re.search(rb"[-_]", run))
         if standard and urlsafe:
             continue
-        run = run[: len(run) // 4 * 4]
+        if len(run) % 4 == 1:  # not base64 there: one character too many
+            run = run[:-1]
+        run += b"=" * (-len(run) % 4)
         try:
             yield "base64-decoded", match.start(), base64.b64decode(run, altchars=b"-_" if urlsafe else None)
         except (binascii.Error, ValueError):
             continue
 
 
+_BYTES_REPR = re.compile(rb"b'(?:[^'\\\n]|\\.){16,}'" + rb'|b"(?:[^"\\\n]|\\.){16,}"')
+_INT_LIST = re.compile(rb"\[\s*\d{1,3}(?:\s*,\s*\d{1,3}){15,}\s*\]")
+_PERCENT_RUN = re.compile(
+    rb"(?:%[0-9A-Fa-f]{2}|[A-Za-z0-9._~+/=-])*%[0-9A-Fa-f]{2}(?:%[0-9A-Fa-f]{2}|[A-Za-z0-9._~+/=-]){14,}"
+)
+_JSON_LITERAL = re.compile(rb'"(?:[^"\\\n]|\\.){16,}"')
+
+
+def _literal_views(data: bytes) -> Iterator[tuple[str, bytes]]:
+    """Byte strings written the ways code writes them into text: ``repr()`` of
+    bytes, a list of byte values, URL-encoding, a JSON string literal."""
+    for match in _BYTES_REPR.finditer(data):
+        try:
+            value = ast.literal_eval(match.group().decode("ascii"))
+        except (ValueError, SyntaxError, UnicodeDecodeError):
+            continue
+        if isinstance(value, bytes):
+            yield "repr-decoded", value
+    for match in _INT_LIST.finditer(data):
+        numbers = [int(n) for n in re.findall(rb"\d+", match.group())]
+        if all(n < 256 for n in numbers):
+            yield "list-decoded", bytes(numbers)
+    for match in _PERCENT_RUN.finditer(data):
+        yield "URL-decoded", urllib.parse.unquote_to_bytes(match.group())
+    if b"\\" in data:
+        for match in _JSON_LITERAL.finditer(data):
+            if b"\\" not in match.group():
+                continue
+            try:
+                text = json.loads(match.group())
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(text, str):
+                if all(ord(c) < 256 for c in text):
+                    yield "JSON-unescaped", text.encode("latin-1")
+                else:
+                    yield "JSON-unescaped", text.encode("utf-8", "surrogatepass")
+
+
 def _views(data: bytes) -> Iterator[tuple[str, int | None, bytes]]:
     """(how it was decoded, its position in data when known, bytes): data itself, its
-    JSON strings, and the hex and base64 runs of both, decoded."""
+    JSON strings, the byte strings written into it as literals, and the hex and
+    base64 runs of each, decoded."""
     yield "", 0, data
     texts: list[tuple[str, int | None, bytes]] = [("", 0, data)]
     strings = _json_strings(data)
     if strings is not None:
         yield "JSON-decoded", None, strings
         texts.append(("JSON-decoded", None, strings))
+    for how, base, text in list(texts):
+        for literal_how, decoded in _literal_views(text):
+            label = f"{how}, {literal_how}" if how else literal_how
+            yield label, None, decoded
+            texts.append((label, None, decoded))
+    for how, base, text in list(texts):
+        for body in _PEM_BLOCK.finditer(text):
+            label = f"{how}, PEM-decoded" if how else "PEM-decoded"
+            try:
+                yield label, None, base64.b64decode(re.sub(rb"[^A-Za-z0-9+/=]", b"", body.group(1)))
+            except (binascii.Error, ValueError):
+                continue
     for how, base, text in texts:
         for run_how, start, decoded in _decoded_runs(text):
             yield (f"{how}, {run_how}" if how else run_how), (start if base is not None else None), decoded
 
 
+# A DER SEQUENCE header, then how each private key structure begins: PKCS#8
+# (version 0 or 1, an AlgorithmIdentifier), SEC1 (version 1, the private key
+# octets of P-256/P-384/P-521), PKCS#1 (version 0, the modulus).
+_DER_KEY = re.compile(
+    rb"\x30(?:[\x01-\x7f]|\x81[\x80-\xff]|\x82[\x01-\xff][\x00-\xff])"
+    rb"(?=\x02\x01[\x00\x01]\x30|\x02\x01\x01\x04[\x20\x30\x42]|\x02\x01\x00\x02[\x81\x82])",
+    re.DOTALL,
+)
+_STRUCTURE = "a DER private key"
+_PEM_BLOCK = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(.*?)-----END", re.DOTALL)
+
+
+def _der_keys(data: bytes) -> Iterator[tuple[int, str]]:
+    """(position, what) of every DER private key structure in data that parses."""
+    for match in _DER_KEY.finditer(data):
+        start, header = match.start(), match.group()
+        if len(header) == 2:
+            length = header[1]
+        else:
+            length = int.from_bytes(header[2:], "big")
+        candidate = data[start : start + len(header) + length]
+        if len(candidate) < len(header) + length:
+            continue
+        try:
+            key = serialization.load_der_private_key(candidate, password=None)
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            continue
+        kind = "SEC1" if candidate[len(header) : len(header) + 3] == b"\x02\x01\x01" and (
+            candidate[len(header) + 3 : len(header) + 4] == b"\x04"
+        ) else ("PKCS#1" if candidate[len(header) + 3 : len(header) + 4] == b"\x02" else "PKCS#8")
+        yield start, f"{_STRUCTURE} ({kind}, {_describe_key(key)})"
+
+
 def _search(matcher: _Matcher, data: bytes) -> list[tuple[bytes, str, int | None]]:
     """(needle, label, position in data when known) of each needle found in any view
-    of data (the first view that shows it)."""
+    of data (the first view that shows it), and of each private key structure (its
+    "needle" is its bytes)."""
     found: dict[bytes, tuple[bytes, str, int | None]] = {}
     for how, base, view in _views(data):
         for needle, position in matcher.find(view).items():
@@ -321,6 +420,17 @@ def _search(matcher: _Matcher, data: bytes) -> list[tuple[bytes, str, int | None
                 label = _label(needle) + (f" ({how})" if how else "")
                 at = (base + position) if base is not None and how == "" else base
                 found[needle] = (needle, label, at)
+        header = view.find(PEM_PRIVATE_KEY)
+        if header >= 0 and bytes(PEM_PRIVATE_KEY) not in found:
+            label = PEM_PRIVATE_KEY.label + (f" ({how})" if how else "")
+            at = (base + header) if base is not None and how == "" else base
+            found[bytes(PEM_PRIVATE_KEY)] = (PEM_PRIVATE_KEY, label, at)
+        for position, what in _der_keys(view):
+            marker = b"structure:" + view[position : position + 16]
+            if marker not in found:
+                label = what + (f" ({how})" if how else "")
+                at = (base + position) if base is not None and how == "" else base
+                found[marker] = (marker, label, at)
     return list(found.values())
 
 

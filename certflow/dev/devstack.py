@@ -810,21 +810,42 @@ class WorkerProcess:
 
 
 def start_worker(
-    workdir: Path, env: dict[str, str], *, name: str = "worker", timeout: float = 60.0
+    workdir: Path,
+    env: dict[str, str],
+    *,
+    name: str = "worker",
+    timeout: float = 60.0,
+    capture_keys: Path | None = None,
 ) -> WorkerProcess:
-    """Start a certflow worker with env (see :func:`certflow_environment`)."""
+    """Start a certflow worker with env (see :func:`certflow_environment`).
+
+    ``capture_keys``: every private key the worker generates is appended to this
+    file (PKCS#8 DER, hex, one a line) for a leak test's needles
+    (``certflow/dev/key_capture``; read them with :func:`captured_keys`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     host, _, port_text = env["CERTFLOW_HTTP01_LISTEN"].rpartition(":")
     host = "127.0.0.1" if host in ("", "0.0.0.0") else host
+    path = str(_REPO_ROOT)
+    extra: dict[str, str] = {}
+    if capture_keys is not None:
+        path = os.pathsep.join([str(Path(__file__).parent / "key_capture"), path])
+        extra["DEVSTACK_KEY_CAPTURE"] = str(capture_keys)
     process = _Process(
         name,
         [sys.executable, "-m", "worker"],
         workdir / f"{name}.log",
-        env={**env, "PYTHONPATH": str(_REPO_ROOT), "PYTHONUNBUFFERED": "1"},
+        env={**env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra},
     )
     worker = WorkerProcess(process, int(port_text), host)
     worker.start(timeout)
     return worker
+
+
+def captured_keys(path: Path) -> list[bytes]:
+    """The PKCS#8 DER of every key a worker started with ``capture_keys=path`` made."""
+    if not path.exists():
+        return []
+    return [bytes.fromhex(line) for line in path.read_text().split() if line]
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import datetime
 import json
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -56,8 +57,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 from temporalio import activity, workflow
-from temporalio.client import Client
-from temporalio.common import RetryPolicy
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleIntervalSpec,
+    ScheduleSpec,
+    ScheduleState,
+)
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -223,6 +233,47 @@ class InboxWorkflow:
         self._finish = True
 
 
+_RELEASED: set[str] = set()
+
+
+@activity.defn
+async def heartbeat_and_wait(token: str) -> None:
+    """Heartbeats the value, then waits (pending, its details on the server) until
+    the test releases it."""
+    activity.heartbeat(_SECRETS[token])
+    while token not in _RELEASED:
+        await asyncio.sleep(0.05)
+
+
+@workflow.defn
+class HeartbeatWorkflow:
+    @workflow.run
+    async def run(self, token: str) -> None:
+        await workflow.execute_activity(
+            heartbeat_and_wait, token, start_to_close_timeout=TIMEOUT, heartbeat_timeout=TIMEOUT
+        )
+
+
+@workflow.defn
+class CarryOverWorkflow:
+    """Run 1 continues as new with the value as the next run's input; run 2 ends."""
+
+    @workflow.run
+    async def run(self, token: str, value: str | None = None) -> None:
+        if value is None:
+            workflow.continue_as_new(args=[token, _SECRETS[token]])
+
+
+TEXT_ATTRIBUTE = SearchAttributeKey.for_text("LeakDetectorText")
+
+
+@workflow.defn
+class AttributeWorkflow:
+    @workflow.run
+    async def run(self, token: str) -> None:
+        workflow.upsert_search_attributes([TEXT_ATTRIBUTE.value_set(_SECRETS[token])])
+
+
 @workflow.defn
 class QuietWorkflow:
     @workflow.run
@@ -256,14 +307,21 @@ class Lab:
 async def lab(temporal: devstack.TemporalDevServer) -> AsyncIterator[Lab]:
     client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
     task_queue = f"leak-detector-{uuid.uuid4().hex[:8]}"
+    await client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=client.namespace,
+            search_attributes={TEXT_ATTRIBUTE.name: IndexedValueType.INDEXED_VALUE_TYPE_TEXT},
+        )
+    )
     worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[
             ActivityResultWorkflow, FirstRunWorkflow, ChildWorkflow, ParentWorkflow,
-            InboxWorkflow, QuietWorkflow, FailureWorkflow,
+            InboxWorkflow, QuietWorkflow, FailureWorkflow, HeartbeatWorkflow,
+            CarryOverWorkflow, AttributeWorkflow,
         ],
-        activities=[reveal, refuse],
+        activities=[reveal, refuse, heartbeat_and_wait],
         workflow_runner=UnsandboxedWorkflowRunner(),
     )
     async with worker:
@@ -405,6 +463,62 @@ async def _failure_message(lab: Lab, value: str) -> Planted:
     return Planted(query, {run}, [(*run, "ActivityTaskFailed")])
 
 
+async def _heartbeat(lab: Lab, value: str) -> Planted:
+    """A running workflow whose activity is pending with the value as its heartbeat
+    details (released by :func:`_release`)."""
+    workflow_id = lab.workflow_id("heartbeat")
+    token = _plant(value)
+    handle = await lab.client.start_workflow(
+        HeartbeatWorkflow.run, token, id=workflow_id, task_queue=lab.task_queue
+    )
+
+    async def recorded() -> bool:
+        pending = (await handle.describe()).raw_description.pending_activities
+        return bool(pending and pending[0].heartbeat_details.payloads)
+
+    await _until(f"{workflow_id}'s heartbeat recorded", recorded)
+    run = (workflow_id, handle.first_execution_run_id or "")
+    query = f'WorkflowId = "{workflow_id}"'
+    await _visible(lab.client, query, {run})
+    return Planted(query, {run}, [], {"token": token})
+
+
+async def _release(lab: Lab, planted: Planted) -> None:
+    _RELEASED.add(planted.extra["token"])
+    workflow_id = next(iter(planted.runs))[0]
+    await lab.client.get_workflow_handle(workflow_id).result()
+
+
+async def _continue_as_new_input(lab: Lab, value: str) -> Planted:
+    workflow_id = lab.workflow_id("carry")
+    handle = await lab.client.start_workflow(
+        CarryOverWorkflow.run, args=[_plant(value)], id=workflow_id, task_queue=lab.task_queue
+    )
+    await lab.client.get_workflow_handle(workflow_id).result()
+    first = handle.first_execution_run_id or ""
+    second = (await lab.client.get_workflow_handle(workflow_id).describe()).run_id or ""
+    runs = {(workflow_id, first), (workflow_id, second)}
+    query = f'WorkflowId = "{workflow_id}"'
+    await _visible(lab.client, query, runs)
+    return Planted(
+        query,
+        runs,
+        [(workflow_id, first, "WorkflowExecutionContinuedAsNew"), (workflow_id, second, "WorkflowExecutionStarted")],
+    )
+
+
+async def _search_attribute(lab: Lab, value: str) -> Planted:
+    workflow_id = lab.workflow_id("attribute")
+    handle = await lab.client.start_workflow(
+        AttributeWorkflow.run, _plant(value), id=workflow_id, task_queue=lab.task_queue
+    )
+    await handle.result()
+    run = (workflow_id, handle.first_execution_run_id or "")
+    query = f'WorkflowId = "{workflow_id}"'
+    await _visible(lab.client, query, {run})
+    return Planted(query, {run}, [(*run, "UpsertWorkflowSearchAttributes")])
+
+
 def _at(findings: Findings, workflow_id: str, run_id: str, event: str) -> list[str]:
     prefix = f"workflow {workflow_id} run {run_id} event "
     return [f for f in findings if f.startswith(prefix) and f" {event}:" in f]
@@ -489,6 +603,79 @@ async def test_other_encodings_of_the_key_in_payloads_are_found(lab: Lab, materi
     planted = await _memo(lab, base64.b64encode(material.key_der).decode())
     findings = await _detect(lab, planted, material)
     assert any("the PKCS#8 DER of key 1" in f for f in findings), findings
+
+
+async def test_a_key_in_heartbeat_details_is_found(lab: Lab, material: Material) -> None:
+    """A pending activity's heartbeat details (in the workflow's description)."""
+    planted = await _heartbeat(lab, material.key_pem)
+    try:
+        findings = await _detect(lab, planted, material)
+    finally:
+        await _release(lab, planted)
+    workflow_id, run_id = next(iter(planted.runs))
+    spot = f"workflow {workflow_id} run {run_id} description: payload pending_activities[0].heartbeat_details"
+    assert any(f.startswith(spot) for f in findings), findings
+
+
+async def test_a_key_in_a_continue_as_new_input_is_found(lab: Lab, material: Material) -> None:
+    planted = await _continue_as_new_input(lab, material.key_pem)
+    await _detect(lab, planted, material)
+
+
+async def test_a_key_in_a_search_attribute_is_found(lab: Lab, material: Material) -> None:
+    """Search attributes are never encoded by a codec: a key there is plain text in
+    the visibility store (README: never put secrets in search attributes)."""
+    scalar = material.ec_key.private_numbers().private_value.to_bytes(32, "big")
+    planted = await _search_attribute(lab, scalar.hex())
+    findings = await _detect(lab, planted, material)
+    assert any("visibility record" in f for f in findings), findings
+
+
+async def test_a_key_in_a_schedules_arguments_is_found(lab: Lab, material: Material) -> None:
+    schedule_id = lab.workflow_id("schedule")
+    await lab.client.create_schedule(
+        schedule_id,
+        Schedule(
+            action=ScheduleActionStartWorkflow(
+                ChildWorkflow.run, material.key_pem, id=f"{schedule_id}-run", task_queue=lab.task_queue
+            ),
+            spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=timedelta(days=365))]),
+            state=ScheduleState(paused=True),
+        ),
+    )
+    try:
+        findings = await workflow_leaks(
+            lab.client,
+            key_needles(material.ec_key),
+            query=f'WorkflowId = "{schedule_id}-none"',
+            schedule_ids=[schedule_id],
+        )
+    finally:
+        await lab.client.get_schedule_handle(schedule_id).delete()
+    assert any(f.startswith(f"schedule {schedule_id} description:") for f in findings), findings
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(lambda der: repr(der), id="repr-of-bytes"),
+        pytest.param(lambda der: json.dumps(list(der)), id="list-of-ints"),
+        pytest.param(lambda der: urllib.parse.quote_from_bytes(der), id="url-encoded"),
+        pytest.param(lambda der: json.dumps(der.decode("latin-1")), id="json-escaped"),
+    ],
+)
+async def test_a_key_written_as_code_writes_bytes_is_found_without_a_needle(
+    lab: Lab, material: Material, encode: Callable[[bytes], str]
+) -> None:
+    """``%r`` of the DER in a log line, the DER as a list of byte values, URL-encoded,
+    JSON-escaped: found as a private key structure, with no needle of the key given
+    (a key no test captured is found too). Red before the structural search: the
+    ``repr()`` line gave "0 findings"."""
+    text = f"stored key {encode(material.key_der)} for shop.example.test"
+    assert log_leaks(text, []), f"not found in {text[:80]}"
+    planted = await _memo(lab, text)
+    findings = await workflow_leaks(lab.client, [], query=planted.query)
+    assert any("a DER private key (PKCS#8, EC secp256r1)" in f for f in findings), findings
 
 
 # ------------------------------------------------------------------ postgres and logs: planted faults
@@ -620,6 +807,8 @@ async def test_certificates_instead_of_keys_are_not_leaks(
         await _signal_and_update(lab, value),
         await _memo(lab, value),
         await _failure_message(lab, value),
+        await _heartbeat(lab, value),
+        await _continue_as_new_input(lab, value),
     ]
     try:
         findings = await workflow_leaks(
@@ -627,6 +816,7 @@ async def test_certificates_instead_of_keys_are_not_leaks(
         )
     finally:
         await _finish_first_run(lab, scenarios[1])
+        await _release(lab, scenarios[6])
     assert not findings, "\n".join(findings)
     expected = {run for scenario in scenarios for run in scenario.runs}
     assert expected <= findings.runs, findings.summary()
