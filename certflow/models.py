@@ -121,6 +121,8 @@ class CarriedWaits(Frozen):
     """Issuers whose own CAA check refused this hostname, by issuer name."""
     accepted_challenge: str | None = None
     """The challenge the CA answered an accept for: never POSTed again."""
+    retry_requested: bool = False
+    """A ``retry`` had come and not yet cut a wait short when the run handed over."""
     renewed_at_once: bool = False
     """The certificate waited on replaced one that renewed at once, for an ARI window
     already open when it was an hour old or less: a second such window waits for the

@@ -117,6 +117,9 @@ COOLDOWN_SPREAD_PATCH = "cooldown-spread"
 """Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
 HTTP01_SELF_CHECK_PATCH = "http01-self-check"
 """The persisted challenge is fetched as the CA would fetch it before it is accepted."""
+BOUNDED_COOLDOWN_WAIT_PATCH = "bounded-cooldown-wait"
+"""A cooldown wait that ``retry`` keeps cutting short goes back to the main loop (which
+continues as new) once the run is long, instead of waiting on in the same run."""
 BOUNDED_ORDER_POLL_PATCH = "bounded-order-poll"
 """Polling an order the CA keeps pending continues as new past
 HISTORY_EVENTS_BEFORE_NEW_RUN events too, the open order on the row."""
@@ -142,7 +145,6 @@ class CertificateWorkflow:
         self._current: CertificateRecord | None = input.carried
         self._phase = Phase.STARTING
         self._next_attempt_at: datetime | None = None
-        self._retry_requested = False
         self._renew_requested = False
         self._stop: _StopRequest | None = None
         self._stopped = False
@@ -150,6 +152,7 @@ class CertificateWorkflow:
         self._retry_cuts_wait = False
         self._published: tuple[object, ...] | None = None
         waits = input.waits or CarriedWaits()
+        self._retry_requested = waits.retry_requested
         self._renewed_at_once = waits.renewed_at_once
         """The certificate waited on replaced one that renewed at once for an ARI
         window already open when it was young (CarriedWaits.renewed_at_once)."""
@@ -631,6 +634,12 @@ class CertificateWorkflow:
             seconds = await run(POSTGRES, AcmeActivities.cooldown_remaining, record.hostname)
             if seconds <= 0:
                 return
+            if (
+                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+                and workflow.patched(BOUNDED_COOLDOWN_WAIT_PATCH)
+            ):
+                return  # retried again and again: the main loop continues as new
+
 
     def _expiring_soon_at(self) -> datetime | None:
         record = self._record
@@ -982,6 +991,7 @@ class CertificateWorkflow:
                 unreachable_since=self._unreachable_since,
                 caa_disagreements=self._caa_disagreements,
                 accepted_challenge=self._accepted_challenge,
+                retry_requested=self._retry_requested,
             )
         if after_issuance and self._renewing_at_once:
             waits = CarriedWaits(renewed_at_once=True)

@@ -231,6 +231,8 @@ class Fault:
     only_with: str | None = None
     """Answer only requests whose JWS payload has this member (``"replaces"``: a
     renewal's new-order); others pass by, the fault staying queued."""
+    only_path: str | None = None
+    """Answer only requests for this path (one order's authorization, say)."""
 
     def __post_init__(self) -> None:
         if self.drop:
@@ -256,9 +258,9 @@ class Fault:
         return cls(500, None, problem_type)
 
     @classmethod
-    def dropped(cls) -> Fault:
-        """Close the connection without any response."""
-        return cls(drop=True)
+    def dropped(cls, only_path: str | None = None) -> Fault:
+        """Close the connection without any response (only for ``only_path`` when given)."""
+        return cls(drop=True, only_path=only_path)
 
     @classmethod
     def problem(
@@ -267,7 +269,9 @@ class Fault:
         """An ACME problem document with this status, type and detail (Boulder's)."""
         return cls(status, None, problem_type, detail=detail, only_with=only_with)
 
-    def applies_to(self, body: bytes | None) -> bool:
+    def applies_to(self, body: bytes | None, path: str = "") -> bool:
+        if self.only_path is not None and urllib.parse.urlsplit(path).path != self.only_path:
+            return False
         if self.only_with is None:
             return True
         payload = _jws_payload(body)
@@ -1012,18 +1016,18 @@ class _State:
         self.validation_failures = _ValidationFailures()
         self.limits = _Limits()
 
-    def receive(self, endpoint: Endpoint, body: bytes | None = None) -> Fault | None:
+    def receive(self, endpoint: Endpoint, body: bytes | None = None, path: str = "") -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
         with self.lock:
             self.received[endpoint] += 1
             queue = self.queued.get(endpoint)
             for fault in list(queue or ()):
-                if fault.applies_to(body):
+                if fault.applies_to(body, path):
                     assert queue is not None
                     queue.remove(fault)
                     return fault
             always = self.always.get(endpoint)
-            return always if always is not None and always.applies_to(body) else None
+            return always if always is not None and always.applies_to(body, path) else None
 
     def record_forward(self, endpoint: Endpoint, body: bytes | None) -> None:
         identifiers = _new_order_identifiers(body) if endpoint is Endpoint.NEW_ORDER else set()
@@ -1087,7 +1091,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         endpoint = classify_path(self.path)
         state = self.server.state
-        fault = state.receive(endpoint, body)
+        fault = state.receive(endpoint, body, self.path)
         if fault is not None:
             logger.debug("%s %s (%s): injecting %s", self.command, self.path, endpoint, fault)
             self._answer_fault(endpoint, fault)

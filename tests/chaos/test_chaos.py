@@ -16,17 +16,21 @@ them the CA accepted (201, an order now exists) and which it refused
 client re-sends). So ``new_orders_for(h) == created(h) + refused(h)`` and only
 ``badNonce`` refusals are allowed. For the orders actually created we assert
 
-    created(h) <= 1 + D(h)
+    created(h) <= 1 + D(h),   and in all   sum created <= hostnames + sum D
 
 - 1: the order that issued the certificate.
-- D(h): disruptions (worker SIGKILLs, the Temporal restart, the Postgres
-  restart) that happened while h had an order and was not yet ACTIVE (between
-  its first order and its first ACTIVE: a disruption before the order exists
-  can waste none). Each can waste at most one of h's orders: a kill or a
-  Temporal restart can lose the result of a create_order the CA already
-  answered (orders are not idempotent, SPEC §7, so the retry opens another),
-  and a dead responder or Postgres during validation makes the CA invalidate
-  the open order (ACME_INVALID_ORDER → a new order).
+- D(h): worker SIGKILLs and Postgres restarts that happened while an order of h
+  was *exposed*: from its creation until the CA had finished validating it (the
+  authorization shown valid or invalid). Each can waste at most one of h's
+  orders: a kill can lose the answer of a new-order the CA already created
+  (orders are not idempotent, SPEC §7, so the retry opens another), and a dead
+  responder or Postgres during validation makes the CA invalidate the order
+  (ACME_INVALID_ORDER → a new order). A Temporal restart is no such disruption
+  (place_order finds the order it persisted), nor is any disruption once the
+  order is validated (finalize and store are crash-safe): a regression that
+  re-ordered after those would break the bound. Shown red: with place_order's
+  stored-order check removed (every retry re-ordering) the run reported orders
+  over the bound.
 - No certificate goes FAILED (asserted: 0 FAILED transitions), and no order is
   orphaned: create_order fetches the new order's authorization in the same
   activity attempt and retries a short fault on that fetch itself (BUG-1,
@@ -125,6 +129,11 @@ class Chaos:
         default_factory=lambda: collections.defaultdict(list)
     )
     """Times each authorization path was fetched successfully."""
+    validated: dict[str, float] = field(default_factory=dict)
+    """When the CA first showed each order (by its path) past validation: ready,
+    processing, valid or invalid."""
+    order_paths: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
+    """Each hostname's order paths, in the order the CA created them."""
     refused: collections.Counter[str] = field(default_factory=collections.Counter)
     refusal_types: collections.Counter[str] = field(default_factory=collections.Counter)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -151,12 +160,7 @@ class Chaos:
                     "accepted", r.method == "POST" and r.payload == b"{}" and r.status == 200
                 ),
             ),
-            (
-                Endpoint.ORDER,
-                lambda r: self._maybe_kill(
-                    "polling", r.status == 200 and _json(r.response_body).get("status") in ("pending", "ready")
-                ),
-            ),
+            (Endpoint.ORDER, self._on_order),
             (Endpoint.FINALIZE, lambda r: self._maybe_kill("finalized", r.status == 200)),
             (Endpoint.CERT, lambda r: self._maybe_kill("storing", r.status == 200)),
             (Endpoint.AUTHZ, self._on_authz),
@@ -188,6 +192,33 @@ class Chaos:
             with self._lock:
                 self.authz_fetched[path].append(time.time())
 
+    def _on_order(self, request: Forwarded) -> None:
+        if request.status == 200 and _json(request.response_body).get("status") in (
+            "ready", "processing", "valid", "invalid"
+        ):
+            with self._lock:
+                self.validated.setdefault(urllib.parse.urlsplit(request.path).path, time.time())
+        self._maybe_kill(
+            "polling",
+            request.status == 200 and _json(request.response_body).get("status") in ("pending", "ready"),
+        )
+
+    def vulnerable(self, hostname: str, active_at: float) -> list[tuple[float, float]]:
+        """The spans in which a disruption can cost one of hostname's orders: from each
+        order's creation until the CA finished validating it (its result lost before it
+        is stored, or its challenge unanswered while the responder or Postgres is
+        down); after that, finalize and store are crash-safe and cost none."""
+        with self._lock:
+            orders = list(zip(self.created[hostname], self.order_paths[hostname]))
+        spans = []
+        for index, ((created, _), order_path) in enumerate(orders):
+            # Over once validated, or once replaced by the next order (abandoned).
+            ends = [active_at, self.validated.get(order_path, math.inf)]
+            if index + 1 < len(orders):
+                ends.append(orders[index + 1][0][0])
+            spans.append((created - 1.0, min(ends) + 1.0))
+        return spans
+
     def orphaned(self, authz_path: str, created: float, until: float) -> bool:
         """Whether an order's authorization went unfetched until the next order."""
         with self._lock:
@@ -196,10 +227,12 @@ class Chaos:
     def _on_new_order(self, request: Forwarded) -> None:
         authorizations = _json(request.response_body).get("authorizations") or [""]
         authz_path = urllib.parse.urlsplit(str(authorizations[0])).path
+        order_path = urllib.parse.urlsplit(request.header("Location") or "").path
         with self._lock:
             for hostname in request.identifiers:
                 if request.status == 201:
                     self.created[hostname].append((time.time(), authz_path))
+                    self.order_paths[hostname].append(order_path)
                 else:
                     self.refused[hostname] += 1
                     self.refusal_types[str(_json(request.response_body).get("type"))] += 1
@@ -455,7 +488,8 @@ async def _check_invariants(
 ) -> None:
     problems: list[str] = []
 
-    # 1. Exactly one row per hostname, ACTIVE, whose stored key matches its leaf.
+    # 1. One row per hostname (the UNIQUE index; not the "once" claim: that is the
+    # orders counted at the CA below), ACTIVE, whose stored key matches its leaf.
     rows = await pool.fetch(
         "SELECT hostname::text AS hostname, status, ssl_certificate, encrypted_ssl_private_key"
         " FROM certificates WHERE hostname::text LIKE $1",
@@ -498,27 +532,26 @@ async def _check_invariants(
     if sum(failed.values()):
         problems.append(f"FAILED transitions: {sum(failed.values())} (a disruption must never fail a certificate)")
     sent, created, hits = {}, {}, {}
+    # Only kills and the Postgres restart can cost an order (a Temporal restart loses
+    # no order: place_order finds the one it persisted, SPEC §7), and only while the
+    # order is exposed: from its creation until its validation is over.
+    costly = [d for d in chaos.disruptions if d.kind != "temporal"]
     for hostname in hostnames:
-        # A disruption can waste an order only once there is one: count those that hit
-        # between the hostname's first order and its first ACTIVE (a kill before the
-        # order exists allows none).
-        first_order = chaos.created[hostname][0][0] if chaos.created[hostname] else math.inf
-        end = first_active[hostname].timestamp() + 1
-        hits[hostname] = sum(
-            1 for d in chaos.disruptions if d.started <= end and d.ended >= first_order - 1
-        )
+        spans = chaos.vulnerable(hostname, first_active[hostname].timestamp())
+        hitting = [d for d in costly if any(d.started <= end and d.ended >= start for start, end in spans)]
+        hits[hostname] = len(hitting)
         sent[hostname] = stack.proxy.new_orders_for(hostname)
         created[hostname] = len(chaos.created[hostname])
         orders = chaos.created[hostname]
-        for (previous, authz_path), (following, _) in zip(orders, orders[1:]):
-            disrupted = any(
-                d.started <= following and d.ended >= previous for d in chaos.disruptions
+        for (previous, authz_path), (following, _), (start, end) in zip(orders, orders[1:], spans):
+            explained = any(
+                d.started <= end and d.ended >= start and d.started <= following for d in costly
             ) or any(previous <= at <= following for at in failed_at[hostname])
-            if not disrupted:
+            if not explained:
                 orphan = chaos.orphaned(authz_path, previous, following)
                 problems.append(
                     f"{hostname}: order at {following:.3f} follows the one at {previous:.3f}"
-                    " with no disruption or FAILED in between"
+                    " with no kill or Postgres restart while that one was exposed, nor FAILED"
                     + (" (its authorization was never fetched: BUG-1 is back)" if orphan else "")
                 )
         if sent[hostname] != created[hostname] + chaos.refused[hostname]:
@@ -530,8 +563,11 @@ async def _check_invariants(
         if created[hostname] > bound:
             problems.append(
                 f"{hostname}: {created[hostname]} orders created > bound {bound} (1 +"
-                f" {hits[hostname]} disruptions after its first order)"
+                f" {hits[hostname]} kills or Postgres restarts while an order of it was exposed)"
             )
+    total_bound = len(hostnames) + sum(hits.values())
+    if sum(created.values()) > total_bound:
+        problems.append(f"{sum(created.values())} orders created in all > {total_bound}")
     if set(chaos.refusal_types) - {"urn:ietf:params:acme:error:badNonce"}:
         problems.append(f"the CA refused new orders for other reasons: {dict(chaos.refusal_types)}")
 
@@ -563,7 +599,8 @@ async def _check_invariants(
         "new orders sent per hostname (max/mean)": (max(sent.values()), round(statistics.mean(sent.values()), 2)),
         "orders created per hostname (max/mean)": (max(created.values()), round(statistics.mean(created.values()), 2)),
         "new orders refused (badNonce)": sum(chaos.refused.values()),
-        "disruptions in flight per hostname (max/mean)": (max(hits.values()), round(statistics.mean(hits.values()), 2)),
+        "disruptions that hit an exposed order, per hostname (max/mean)": (max(hits.values()), round(statistics.mean(hits.values()), 2)),
+        "orders created in all / bound": (sum(created.values()), len(hostnames) + sum(hits.values())),
         "FAILED transitions": sum(failed.values()),
         "unexpected worker exits": len(chaos.unexpected_exits),
         "chaos phase seconds": round(chaos_seconds, 1),
@@ -745,25 +782,31 @@ async def _wait_row(
 async def test_fault_after_new_order_opens_no_second_order(chaos_stack: ChaosStack) -> None:
     """SPEC §7: orders are not idempotent, so a retry must not re-send new-order for an
     order the CA already created. One dropped connection on the authorization fetch
-    that follows new-order used to open a second order (BUG-1)."""
+    that follows new-order used to open a second order (BUG-1). The drop is queued
+    for this order's own authorization (its path, from the CA's 201) before the
+    worker sees the order, and shown consumed: no other hostname can take it."""
     stack = chaos_stack
     stack.proxy.clear()
     hostname = f"bug1.r{uuid.uuid4().hex[:6]}.chaos.test"
     await asyncio.to_thread(stack.pebble.set_cname, hostname, CNAME_TARGET)
     created: list[str | None] = []
+    dropped_for: list[str] = []
 
     def on_new_order(request: Forwarded) -> None:
         if hostname in request.identifiers and request.status == 201:
             created.append(request.header("Location"))
+            if not dropped_for:
+                authorization = str(_json(request.response_body)["authorizations"][0])
+                dropped_for.append(urllib.parse.urlsplit(authorization).path)
+                stack.proxy.inject(Endpoint.AUTHZ, Fault.dropped(only_path=dropped_for[0]))
 
     remove = stack.proxy.on_forwarded(Endpoint.NEW_ORDER, on_new_order)
-    stack.proxy.inject(Endpoint.AUTHZ, Fault.dropped())  # the next authorization fetch only
     client = await _connect(stack)
     try:
         await client.request([hostname])
         await _wait_row(client.pool, hostname, "status = 'ACTIVE'", 120)
-        # The drop really happened (on this hostname's authorization fetch or another's).
-        assert stack.proxy.pending(Endpoint.AUTHZ) == 0, "the injected drop was never consumed"
+        assert dropped_for, "no order was created to drop the authorization fetch of"
+        assert stack.proxy.pending(Endpoint.AUTHZ) == 0, "the drop of its own authorization was never consumed"
     finally:
         remove()
         stack.proxy.clear()

@@ -48,7 +48,7 @@ from certflow.models import CertificateState
 from temporalio.service import RPCError
 
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
-from workflows.policy import certificate_fraction, renewal_time, spread_renewal_time
+from tests.expected import renewal_time as renew_at
 
 pytestmark = pytest.mark.e2e
 
@@ -163,12 +163,7 @@ async def test_renew_stores_a_different_certificate_and_key(
         lambda r: r.next_attempt_at is not None and "renewal time" in (r.phase or ""),
         what="waiting for the renewal time",
     )
-    expected = spread_renewal_time(
-        new["ssl_not_before"],
-        new["ssl_expires_at"],
-        None,
-        certificate_fraction(hostname, new["ssl_not_before"]),
-    )
+    expected = renew_at(hostname, new["ssl_not_before"], new["ssl_expires_at"])
     assert waiting.next_attempt_at is not None
     assert abs((waiting.next_attempt_at - expected).total_seconds()) < 1
 
@@ -672,7 +667,7 @@ async def test_renewal_time_falls_in_the_ari_window(proxied: ProxiedDeployment) 
 
     row = await _row(db, hostname)
     leaf = x509.load_pem_x509_certificate(row["ssl_certificate"].encode())
-    one_third = renewal_time(row["ssl_not_before"], row["ssl_expires_at"], None, 0.5)
+    one_third = renew_at(hostname, row["ssl_not_before"], row["ssl_expires_at"])
     assert not start <= one_third <= end  # so the window, not the 1/3 rule, decided
     assert proxy.count(Endpoint.RENEWAL_INFO) >= 2  # the 503, then the window
     assert proxy.pending(Endpoint.RENEWAL_INFO) == 0

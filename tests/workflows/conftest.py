@@ -33,13 +33,16 @@ def find_test_server() -> str:
     )
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
+@pytest_asyncio.fixture(loop_scope="session")
 async def workflow_env() -> AsyncIterator[WorkflowEnvironment]:
-    """One V1 (Java test server) time-skipping environment for the whole session.
+    """A fresh V1 (Java test server) time-skipping environment for each test.
 
     Its client uses the pydantic data converter, like the worker and starter.
-    Time skipping is global to the server, so tests must not run concurrently
-    (they don't: pytest-asyncio runs them one after another).
+    One server per test (it starts in about 0.1 s): a shared one carried each
+    test's leftovers into the next — timers of closed runs that an unlocked
+    wait jumps to, and a time-skipping lock a terminated run can leave held,
+    after which every later long wait ran on the wall clock and timed out
+    (17 tests of CI's run on 2026-12-02, a different 8 on a rerun).
     """
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=find_test_server(),

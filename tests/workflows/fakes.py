@@ -74,7 +74,7 @@ from certflow.models import (
 )
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from workflows.certificate import CertificateWorkflow
-from workflows.policy import certificate_fraction, spread_renewal_time
+from tests import expected
 
 HOSTNAME = "x.test"
 CERT_ID = "11111111-2222-3333-4444-555555555555"
@@ -214,8 +214,9 @@ class Row:
 def renewal_at(
     not_before: datetime, not_after: datetime, window: tuple[datetime, datetime] | None = None
 ) -> datetime:
-    """When the workflow renews the fakes' certificate (its spread is per certificate)."""
-    return spread_renewal_time(not_before, not_after, window, certificate_fraction(HOSTNAME, not_before))
+    """When the workflow renews the fakes' certificate (its spread is per certificate),
+    computed from the README's rule (tests/expected.py), not by the product."""
+    return expected.renewal_time(HOSTNAME, not_before, not_after, window)
 
 
 def active_row(not_before: datetime, lifetime: timedelta, serial: str = "initial") -> Row:

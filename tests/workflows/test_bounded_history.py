@@ -1,7 +1,10 @@
 """No run's history grows without bound, however long a certificate waits (issue:
-bounded forever): a year of wrong DNS, a year of daily FAILED retries, a day of a
-CA cooldown repeating every 36 s. Each waiting loop continues as new once its run
-passes HISTORY_EVENTS_BEFORE_NEW_RUN events, carrying what its waits need.
+bounded forever): a year of wrong DNS, four months of daily FAILED retries, six
+hours of a CA cooldown repeating every 36 s, a week of an order the CA keeps pending, a flood
+of renewal-window signals while waiting to renew, retry after retry during a long
+cooldown. Each waiting loop continues as new once its run passes
+HISTORY_EVENTS_BEFORE_NEW_RUN events, carrying what its waits need; each test is
+red with its loop's check removed (said in its docstring).
 
 Checked: with the bound raised out of reach (HISTORY_EVENTS_BEFORE_NEW_RUN =
 10**9) the year of wrong DNS made one run of 6,704 events and failed here.
@@ -15,13 +18,14 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import AcmeStatus, OrderProgress
+from certflow.models import AcmeStatus, OrderProgress, RenewalWindow
 from workflows.certificate import HISTORY_EVENTS_BEFORE_NEW_RUN
 
 from .fakes import (
     DEFAULT,
     FAST_POLICY,
     Fakes,
+    active_row,
     Run,
     acme_temporary_error,
     app_error,
@@ -85,7 +89,7 @@ async def test_a_year_of_wrong_dns(workflow_env: WorkflowEnvironment) -> None:
         await run.cancel()
 
 
-async def test_a_year_of_daily_failed_retries(workflow_env: WorkflowEnvironment) -> None:
+async def test_four_months_of_daily_failed_retries(workflow_env: WorkflowEnvironment) -> None:
     policy = FAST_POLICY.model_copy(
         update={
             "failed_retry_seconds": 86400,
@@ -100,16 +104,16 @@ async def test_a_year_of_daily_failed_retries(workflow_env: WorkflowEnvironment)
 
     fakes.behaviours["finalize_and_store"] = always
     async with started(workflow_env, fakes) as run:
-        await _advance(workflow_env, timedelta(days=365), timedelta(days=30))
+        await _advance(workflow_env, timedelta(days=120), timedelta(days=30))
         reopened = fakes.of("reopen_failed")
-        assert len(reopened) > 350  # every day, for a year
+        assert len(reopened) > 110  # every day, for four months
         state = await run.state()
         assert state.status.value == "FAILED"
-        _check(await _run_lengths(workflow_env, run), "a year of daily FAILED retries", len(reopened))
+        _check(await _run_lengths(workflow_env, run), "four months of daily FAILED retries", len(reopened))
         await run.cancel()
 
 
-async def test_a_day_of_a_cooldown_every_36_seconds(workflow_env: WorkflowEnvironment) -> None:
+async def test_six_hours_of_a_cooldown_every_36_seconds(workflow_env: WorkflowEnvironment) -> None:
     fakes = Fakes(workflow_env)
 
     async def limited(index: int, _: object) -> object:
@@ -117,12 +121,12 @@ async def test_a_day_of_a_cooldown_every_36_seconds(workflow_env: WorkflowEnviro
 
     fakes.behaviours["place_order"] = limited
     async with started(workflow_env, fakes) as run:
-        await _advance(workflow_env, timedelta(days=1), timedelta(hours=2))
+        await _advance(workflow_env, timedelta(hours=6), timedelta(hours=2))
         orders = fakes.of("place_order")
-        assert len(orders) > 1500  # ~ every 36-41 s (the cooldown, then its spread)
+        assert len(orders) > 375  # ~ every 36-41 s (the cooldown, then its spread)
         state = await run.state()
         assert state.error_code is ErrorCode.ACME_RATE_LIMITED and state.retry_count == 0
-        _check(await _run_lengths(workflow_env, run), "a day of 36 s cooldowns", len(orders))
+        _check(await _run_lengths(workflow_env, run), "six hours of 36 s cooldowns", len(orders))
         await run.cancel()
 
 
@@ -153,4 +157,53 @@ async def test_a_week_of_an_order_the_ca_keeps_pending(workflow_env: WorkflowEnv
         assert len(fakes.of("place_order")) == 1
         assert [p.arg.accept_first for p in polls].count(True) == 1  # accepted once
         _check(await _run_lengths(workflow_env, run), "a week of a pending order", len(polls))
+        await run.cancel()
+
+
+async def test_a_flood_of_renewal_window_signals_while_waiting_to_renew(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """An ACTIVE certificate waiting for its renewal time gets 800 renewal_window
+    signals, 50 at a time, each moving the window (the sweep misbehaving): the wait
+    continues as new once long, every run under the bound, and it still waits for
+    the latest window. Red with the history check of ``_sleep_until_renewal``
+    removed: one run of 2,376 events (checked)."""
+    t0 = await workflow_env.get_current_time()
+    fakes = Fakes(workflow_env, row=active_row(t0, timedelta(days=90)))
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        last = None
+        for n in range(800):
+            start = t0 + timedelta(days=40, minutes=n)
+            last = RenewalWindow(serial="initial", start=start, end=start + timedelta(days=1))
+            fakes.row.ari_window = (last.start, last.end)  # the sweep stores, then signals
+            await run.handle.signal("renewal_window", last)
+            if n % 50 == 49:  # in bursts the sweep could never send: 50 at a time
+                window = last
+                state = await run.until(
+                    lambda s: s.next_attempt_at is not None
+                    and window.start <= s.next_attempt_at <= window.end,
+                    "waiting for the burst's last window",
+                )
+        assert state.phase == "active; waiting for the renewal time"
+        assert fakes.of("begin_renewal") == []
+        _check(await _run_lengths(workflow_env, run), "800 window signals", 800)
+        await run.cancel()
+
+
+async def test_retry_again_and_again_during_a_long_cooldown(workflow_env: WorkflowEnvironment) -> None:
+    """A day-long cooldown and 250 ``retry`` signals (an impatient product): each
+    only looks at the cooldown again, nothing is ordered, and every run stays under
+    the bound. Red with BOUNDED_COOLDOWN_WAIT_PATCH's check removed: one run of
+    3,034 events (checked). A retry that comes as a run hands over is carried to
+    the next (CarriedWaits.retry_requested): one at a time, every one is seen."""
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["place_order"] = fakes.rate_limited(10**6, 86400)
+    async with started(workflow_env, fakes) as run:
+        await run.until(lambda s: s.error_code is ErrorCode.ACME_RATE_LIMITED, "rate limited")
+        for n in range(1, 251):  # one at a time: signals that arrive together are one retry
+            await run.handle.signal("retry")
+            await run.until_calls("cooldown_remaining", n)
+        assert len(fakes.of("place_order")) <= 1 + len(await _run_lengths(workflow_env, run))
+        _check(await _run_lengths(workflow_env, run), "250 retries in a cooldown", 250)
         await run.cancel()

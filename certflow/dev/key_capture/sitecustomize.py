@@ -14,6 +14,7 @@ from typing import Any
 _PATH = os.environ.get("DEVSTACK_KEY_CAPTURE")
 
 if _PATH:
+    _CAPTURE: str = _PATH
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -25,7 +26,7 @@ if _PATH:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        with _lock, open(_PATH, "a", encoding="ascii") as out:
+        with _lock, open(_CAPTURE, "a", encoding="ascii") as out:
             out.write(der.hex() + "\n")
         return key
 
@@ -38,5 +39,5 @@ if _PATH:
     def _generate_rsa(public_exponent: int, key_size: int, backend: Any = None) -> Any:
         return _captured(_rsa_generate(public_exponent, key_size, backend))
 
-    ec.generate_private_key = _generate_ec  # type: ignore[assignment]
-    rsa.generate_private_key = _generate_rsa  # type: ignore[assignment]
+    ec.generate_private_key = _generate_ec
+    rsa.generate_private_key = _generate_rsa
