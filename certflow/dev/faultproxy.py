@@ -1015,19 +1015,59 @@ class _State:
         self.before: dict[Endpoint, list[ArrivingCallback]] = {}
         self.validation_failures = _ValidationFailures()
         self.limits = _Limits()
+        self.owners: dict[str, frozenset[str]] = {}
+        """The identifiers each order, authorization, challenge, finalize and
+        certificate path is for, learned from Pebble's answers."""
+        self.taken: list[tuple[Endpoint, frozenset[str]]] = []
+        """Each fault answered, with the identifiers of the request it answered."""
 
     def receive(self, endpoint: Endpoint, body: bytes | None = None, path: str = "") -> Fault | None:
         """Count a request and return the fault to answer it with, if any."""
         with self.lock:
             self.received[endpoint] += 1
             queue = self.queued.get(endpoint)
-            for fault in list(queue or ()):
-                if fault.applies_to(body, path):
-                    assert queue is not None
-                    queue.remove(fault)
-                    return fault
-            always = self.always.get(endpoint)
-            return always if always is not None and always.applies_to(body, path) else None
+            fault = next((f for f in queue or () if f.applies_to(body, path)), None)
+            if fault is not None:
+                assert queue is not None
+                queue.remove(fault)
+            else:
+                always = self.always.get(endpoint)
+                fault = always if always is not None and always.applies_to(body, path) else None
+            if fault is not None:
+                self.taken.append((endpoint, self._identifiers_of(endpoint, body, path)))
+            return fault
+
+    def _identifiers_of(self, endpoint: Endpoint, body: bytes | None, path: str) -> frozenset[str]:
+        if endpoint is Endpoint.NEW_ORDER:
+            return frozenset(_new_order_identifiers(body))
+        return self.owners.get(urllib.parse.urlsplit(path).path, frozenset())
+
+    def learn_owners(self, endpoint: Endpoint, body: bytes | None, path: str, forwarded: Forwarded) -> None:
+        """Note which identifiers the URLs in Pebble's answer belong to, so that a
+        fault answered later on one of them can be put down to its hostname."""
+        if forwarded.status >= 300:
+            return
+        try:
+            document = json.loads(forwarded.response_body)
+        except ValueError:
+            return
+        if not isinstance(document, dict):
+            return
+        with self.lock:
+            if endpoint is Endpoint.NEW_ORDER:
+                owners = frozenset(_new_order_identifiers(body))
+                urls = [forwarded.header("Location"), document.get("finalize"), *(document.get("authorizations") or [])]
+            elif endpoint is Endpoint.AUTHZ:
+                identifier = document.get("identifier") or {}
+                owners = frozenset({_normalize_host(str(identifier.get("value", "")))}) - {""}
+                urls = [c.get("url") for c in document.get("challenges") or [] if isinstance(c, dict)]
+            else:
+                owners = self.owners.get(urllib.parse.urlsplit(path).path, frozenset())
+                urls = [document.get("certificate"), document.get("finalize")]
+            if owners:
+                for url in urls:
+                    if url:
+                        self.owners[urllib.parse.urlsplit(str(url)).path] = owners
 
     def record_forward(self, endpoint: Endpoint, body: bytes | None) -> None:
         identifiers = _new_order_identifiers(body) if endpoint is Endpoint.NEW_ORDER else set()
@@ -1135,23 +1175,21 @@ class _Handler(BaseHTTPRequestHandler):
             state.limits.observe(endpoint, body, self.path, status, headers, data)
         if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
             response = self._advertise_renewal_info(*response)
+        forwarded = self._forwarded(endpoint, body, response)
+        state.learn_owners(endpoint, body, self.path, forwarded)
         hooks = state.hooks_for(endpoint)
         if hooks:
-            self._call_hooks(hooks, endpoint, body, response)
+            self._call_hooks(hooks, endpoint, forwarded)
         self._relay(*response)
 
-    def _call_hooks(
-        self,
-        hooks: list[ForwardedCallback],
-        endpoint: Endpoint,
-        body: bytes | None,
-        response: tuple[int, str, list[tuple[str, str]], bytes],
-    ) -> None:
+    def _forwarded(
+        self, endpoint: Endpoint, body: bytes | None, response: tuple[int, str, list[tuple[str, str]], bytes]
+    ) -> Forwarded:
         status, _, headers, data = response
         identifiers = (
             frozenset(_new_order_identifiers(body)) if endpoint is Endpoint.NEW_ORDER else frozenset()
         )
-        request = Forwarded(
+        return Forwarded(
             endpoint=endpoint,
             method=self.command,
             path=self.path,
@@ -1161,6 +1199,8 @@ class _Handler(BaseHTTPRequestHandler):
             response_body=data,
             identifiers=identifiers,
         )
+
+    def _call_hooks(self, hooks: list[ForwardedCallback], endpoint: Endpoint, request: Forwarded) -> None:
         for hook in hooks:
             try:
                 hook(request)
@@ -1657,6 +1697,19 @@ class FaultProxy:
         """
         with self._state.lock:
             return self._state.new_orders[_normalize_host(hostname)]
+
+    def faults_taken(self, endpoint: Endpoint) -> list[frozenset[str]]:
+        """For each fault answered on ``endpoint`` so far, the identifiers of the
+        request that took it (empty when the request named none the proxy knows:
+        an account or ARI request, or a URL it never saw in an answer)."""
+        with self._state.lock:
+            return [owners for taken_at, owners in self._state.taken if taken_at is endpoint]
+
+    def faults_taken_by(self, hostname: str) -> list[Endpoint]:
+        """The endpoints of the faults answered to requests for ``hostname``."""
+        host = _normalize_host(hostname)
+        with self._state.lock:
+            return [endpoint for endpoint, owners in self._state.taken if host in owners]
 
     def reset_counts(self) -> None:
         """Zero every counter and forget the renewal-info requests seen (faults stay queued)."""

@@ -502,7 +502,7 @@ async def test_retry_during_a_finalize_cooldown_answers_promptly_without_bypassi
 ) -> None:
     proxy = _proxy(stack)
     hostname = stack.hostname("rl-finalize-retry")
-    proxy.inject(Endpoint.FINALIZE, Fault.rate_limited("8"))
+    proxy.inject(Endpoint.FINALIZE, Fault.rate_limited("20"))
     await fault_client.request([hostname])
     report = await wait_for(fault_client, hostname, _waiting_for_rate_limit, timeout=30)
     assert (report.status, report.error_code) == ("PROVISIONING", RATE_LIMITED), describe(report)
@@ -535,7 +535,7 @@ async def test_retry_during_a_finalize_cooldown_answers_promptly_without_bypassi
         f"\n[retry during finalize cooldown] retry update answered after {took[0]:.1f}s "
         f"({answer!r}); cooldown was {until.time()}"
     )
-    # Promptly means: without waiting out the 8 s cooldown, i.e. answered while it held
+    # Promptly means: without waiting out the 20 s cooldown, i.e. answered while it held
     # (by the same clock the cooldown's end is in), whatever the machine's load.
     assert answered_at[0] < until, (
         f"the retry update was answered {(answered_at[0] - until).total_seconds():.1f}s after "

@@ -5,9 +5,10 @@
 the session deployment's database for hostnames no workflow handles, asked
 with the right Host) and misses (unknown tokens, wrong hosts, other paths).
 Every answer must be 200 with the key authorization for a valid request and 404
-for a miss, with no connection error. Throughput, latency and requests that got
-no answer within 10 s (timeouts) are printed, not asserted: on a loaded 2-core
-machine they measure the machine. Meanwhile the deployment keeps issuing: two
+for a miss, with no connection error, and none may go unanswered for 10 s (a
+CA's validation would fail: p99 was 66 ms here, so a timeout is the responder
+stalling, not a slow machine). Throughput and latency are printed, not
+asserted: on a loaded 2-core machine they measure the machine. Meanwhile the deployment keeps issuing: two
 certificates requested once the load is on must become ACTIVE (the CA's own
 validation requests compete with the load), under a generous deadline; whether
 that happened before the load ended is printed.
@@ -82,7 +83,7 @@ async def _connection(
             status, body = await asyncio.wait_for(_read_response(reader), REQUEST_TIMEOUT_S)
             latencies.append(time.perf_counter() - sent)
         except TimeoutError:
-            counts["timeouts"] += 1  # no answer in REQUEST_TIMEOUT_S: printed, not an error
+            counts["timeouts"] += 1  # no answer in REQUEST_TIMEOUT_S: asserted none
             if writer is not None:
                 writer.close()
             writer = reader = None
@@ -417,6 +418,7 @@ async def test_responder_under_load_while_issuing(
         + (" (during the load)" if load_still_running else " (the load had ended by then)")
     )
     assert result["errors"] == 0, result["error_samples"]
+    assert result["timeouts"] == 0, f"{result['timeouts']} requests unanswered for {REQUEST_TIMEOUT_S:g} s"
     assert result["counts"]["valid wrong"] == 0 and result["counts"]["miss wrong"] == 0, result
     assert result["counts"]["valid ok"] > 0 and result["counts"]["miss ok"] > 0, result
     new_log = await worker_log_after_sentinel(deployment.worker, log_offset)

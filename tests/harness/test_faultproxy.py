@@ -294,6 +294,45 @@ def test_full_issuance_through_proxy(pebble: PebbleStack, proxy: FaultProxy) -> 
     assert proxy.count(Endpoint.DIRECTORY) == proxy.count(Endpoint.OTHER) == 0
 
 
+def test_each_fault_taken_is_put_down_to_its_hostname(pebble: PebbleStack, proxy: FaultProxy) -> None:
+    """Two hostnames' orders; faults on new-order, the authorization, the challenge,
+    finalize and the certificate download are each put down to the hostname whose
+    request took them (learned from Pebble's answers), not to the other one."""
+    acme = _acme(pebble, proxy.directory_url)
+    ours, theirs = "ours.example.com", "theirs.example.com"
+    key_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    proxy.inject(Endpoint.NEW_ORDER, Fault.unavailable())
+    with pytest.raises(errors.Error):
+        acme.client.new_order(crypto_util.make_csr(key_pem, [ours]))
+    other = acme.client.new_order(crypto_util.make_csr(key_pem, [theirs]))
+    order = acme.client.new_order(crypto_util.make_csr(key_pem, [ours]))
+    [authz] = order.authorizations
+    assert order.uri is not None
+    for endpoint in (Endpoint.AUTHZ, Endpoint.ORDER):
+        proxy.inject(endpoint, Fault.unavailable())
+    with pytest.raises(errors.Error):
+        acme.client.poll(authz)
+    acme.client.poll(other.authorizations[0])  # the fault was taken: this passes
+    with pytest.raises(errors.Error):
+        acme.client.net.post(order.uri, None, new_nonce_url=acme.client.directory["newNonce"])
+    challenge = next(c for c in authz.body.challenges if c.chall.typ == "http-01")
+    proxy.inject(Endpoint.CHALLENGE, Fault.unavailable())
+    with pytest.raises(errors.Error):
+        acme.client.answer_challenge(challenge, challenge.response(acme.client.net.key))
+    acme.client.answer_challenge(challenge, challenge.response(acme.client.net.key))
+    proxy.inject(Endpoint.CERT, Fault.unavailable())
+    with pytest.raises(errors.Error):
+        acme.client.poll_and_finalize(order, datetime.datetime.now() + datetime.timedelta(seconds=15))
+
+    assert proxy.faults_taken_by(ours) == [
+        Endpoint.NEW_ORDER, Endpoint.AUTHZ, Endpoint.ORDER, Endpoint.CHALLENGE, Endpoint.CERT
+    ]
+    assert proxy.faults_taken_by(theirs) == []
+    assert proxy.faults_taken(Endpoint.AUTHZ) == [frozenset({ours})]
+
+
 def test_concurrent_requests_consume_each_fault_once(
     pebble: PebbleStack, proxy: FaultProxy
 ) -> None:

@@ -531,6 +531,8 @@ class Fakes:
             result, _ = await self._enter("cancel_certificate", certificate_id)
             if result is not DEFAULT:
                 return result  # type: ignore[no-any-return]
+            if row.deleted:  # the SQL finds no row: no order to report, nothing updated
+                return OpenOrder()
             open_order = OpenOrder(order_url=row.order_url)
             row.status = CertificateStatus.CANCELED
             row.clear_order()

@@ -1,5 +1,7 @@
-"""SPEC §5 with a real crash: the worker process is killed with SIGKILL from the fault
-proxy right after the CA answered finalize, then started again.
+"""SPEC §5 with a real crash: the worker process is killed with SIGKILL — from the fault
+proxy right after the CA answered finalize, or the moment the challenge is committed —
+then started again. "Once" is counted at the CA (the proxy's new-order and finalize
+answers for the hostname), not as rows, which a UNIQUE column keeps at one anyway.
 
 The proxy's ``on_forwarded`` hooks run after Pebble answered and before the answer
 is relayed, so a hook that kills the worker means the worker never sees that
@@ -11,9 +13,11 @@ The in-process tests of tests/e2e/test_crash_safe_finalize.py show how
 ``finalize_and_store`` treats the states a crash leaves; this one shows that the
 worker really leaves them, and recovers from them, when it dies mid-exchange.
 
-(A kill right after the challenge *accept* is no such test: the HTTP-01 responder
+(A kill right after the challenge *accept* costs an order: the HTTP-01 responder
 lives in the killed worker, so Pebble's validation fails with a reset and the
-certificate needs a second order. Tried; that is what happens.)
+certificate needs a second order. Tried; that is what happens. The kill at the
+commit of the challenge allows that second order only when the accept was answered
+before the kill.)
 """
 
 from __future__ import annotations
@@ -205,3 +209,101 @@ async def test_a_worker_killed_after_the_ca_finalized_pairs_the_order_with_its_s
         stack, bytes(at_kill["pending_private_key"])
     )
     assert row["pending_private_key"] is None and row["http_order_url"] is None
+
+
+async def test_a_worker_killed_as_the_challenge_is_committed_orders_once(
+    fault_stack: Stack, fault_client: CertflowClient
+) -> None:
+    """SIGKILL the moment the challenge is committed (PROVISIONING), while the worker
+    fetches it for its self-check or asks the CA to validate: the restarted worker
+    carries on with the persisted order and the certificate ends ACTIVE with a key that
+    matches it, once — one order at the CA (two only when the CA had taken the accept
+    before the kill and then found the responder dead), one finalize. The kill is
+    driven by the commit itself (a trigger on this module's own database notifies it).
+
+    Checked: with place_order's resume of a stored order removed (the retry opens a
+    new order), three orders reached the CA with no accept before the kill, and it
+    failed."""
+    stack = fault_stack
+    proxy = _proxy(stack)
+    hostname = stack.hostname("killed-persisted")
+    persisted = asyncio.Event()
+    killed = threading.Event()
+    orders: list[str] = []
+    accepted_before_kill: list[str] = []
+    finalized: list[int] = []
+
+    finalize_paths: set[str] = set()
+
+    def on_new_order(request: Forwarded) -> None:
+        if hostname in request.identifiers and request.status == 201:
+            orders.append(request.header("Location") or "")
+            finalize_paths.add(urllib.parse.urlsplit(json.loads(request.response_body)["finalize"]).path)
+
+    def on_challenge(request: Forwarded) -> None:
+        # Only this hostname is being issued in this module while the test runs.
+        if request.method == "POST" and request.payload == b"{}" and not killed.is_set():
+            accepted_before_kill.append(request.path)
+
+    def on_finalize(request: Forwarded) -> None:
+        if urllib.parse.urlsplit(request.path).path in finalize_paths:
+            finalized.append(request.status)
+
+    def on_notify(_: object, __: int, channel: str, payload: str) -> None:
+        if payload == hostname:
+            persisted.set()
+
+    removers = [
+        proxy.on_forwarded(Endpoint.NEW_ORDER, on_new_order),
+        proxy.on_forwarded(Endpoint.CHALLENGE, on_challenge),
+        proxy.on_forwarded(Endpoint.FINALIZE, on_finalize),
+    ]
+    listener = await asyncpg.connect(stack.database_url)
+    await listener.execute(
+        """
+        CREATE OR REPLACE FUNCTION test_notify_provisioning() RETURNS trigger AS $$
+        BEGIN
+            PERFORM pg_notify('test_provisioning', NEW.hostname::text);
+            RETURN NULL;
+        END $$ LANGUAGE plpgsql;
+        DROP TRIGGER IF EXISTS test_notify_provisioning ON certificates;
+        CREATE TRIGGER test_notify_provisioning AFTER UPDATE OF status ON certificates
+            FOR EACH ROW WHEN (NEW.status = 'PROVISIONING' AND OLD.status <> 'PROVISIONING')
+            EXECUTE FUNCTION test_notify_provisioning();
+        """
+    )
+    await listener.add_listener("test_provisioning", on_notify)
+    try:
+        await fault_client.request([hostname])
+        await asyncio.wait_for(persisted.wait(), 60)
+        stack.worker.kill()
+        killed.set()
+    finally:
+        await listener.execute("DROP TRIGGER IF EXISTS test_notify_provisioning ON certificates")
+        await listener.close()
+    try:
+        assert await fault_client.pool.fetchval(
+            "SELECT ssl_certificate FROM certificates WHERE hostname = $1", hostname
+        ) is None
+        await asyncio.to_thread(stack.worker.start)
+        report = await wait_for(
+            fault_client, hostname, lambda r: r.status == "ACTIVE", timeout=RECOVERY_DEADLINE_S
+        )
+    finally:
+        for remove in removers:
+            remove()
+    row = await fault_client.pool.fetchrow("SELECT * FROM certificates WHERE hostname = $1", hostname)
+    assert row is not None
+    key = load_private_key(_encryption_key(stack).decrypt(bytes(row["encrypted_ssl_private_key"])))
+    assert public_key_matches(row["ssl_certificate"], key)
+    assert row["pending_private_key"] is None
+    print(
+        f"\n[killed at the challenge's commit] orders at the CA {len(orders)}, accepts"
+        f" answered before the kill {len(accepted_before_kill)}, finalize answers {finalized};"
+        f" {describe(report)}"
+    )
+    assert finalized == [200], f"finalize answers {finalized}: not issued once"
+    allowed = 2 if accepted_before_kill else 1
+    assert 1 <= len(orders) <= allowed, (
+        f"{len(orders)} orders at the CA (accept before the kill: {bool(accepted_before_kill)})"
+    )
