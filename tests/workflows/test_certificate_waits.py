@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -344,14 +344,14 @@ async def test_retry_update_before_the_row_is_read_is_decided_by_the_row(
     fakes.behaviours["ensure_certificate"] = held
     async with started(workflow_env, fakes) as run:
         await run.until_calls("ensure_certificate", 1)
-        update = asyncio.create_task(
-            run.handle.execute_update("retry", result_type=CertificateState)
+        # Accepted while the row is unread: a retry decided before the row would be
+        # rejected by the validator here, and start_update would raise at once.
+        update = await run.handle.start_update(
+            "retry", wait_for_stage=WorkflowUpdateStage.ACCEPTED, result_type=CertificateState
         )
-        await asyncio.sleep(0.3)
-        assert not update.done()  # it waits for the row
         release.set()
         with pytest.raises(WorkflowUpdateFailedError) as raised:
-            await asyncio.wait_for(update, 15)
+            await asyncio.wait_for(update.result(), 15)
         cause = raised.value.cause
         assert isinstance(cause, ApplicationError)
         assert "nothing to retry" in cause.message and "ACTIVE" in cause.message, cause.message
