@@ -1,5 +1,5 @@
 # The certflow worker (Temporal workers + HTTP-01 responder), from `pip install .`:
-# the wheel carries certflow without its dev harness (certflow/dev) and without the
+# the wheel carries certflow without its dev harness (devstack/) and without the
 # `dev` extra (a Temporal dev server, an embedded Postgres).
 FROM python:3.11-slim AS build
 WORKDIR /src
@@ -7,7 +7,7 @@ COPY pyproject.toml README.md ./
 COPY certflow certflow
 COPY workflows workflows
 COPY activities activities
-COPY worker.py starter.py ./
+COPY worker.py ./
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim AS production
@@ -23,4 +23,5 @@ CMD ["python", "-m", "worker"]
 # docker-compose's dev profile only: Pebble's TLS files, made by the dev harness
 # from the source tree (never part of the production image).
 FROM build AS dev-tools
+COPY devstack devstack
 RUN pip install --no-cache-dir .

@@ -10,7 +10,9 @@
     python starter.py demo [--exit]
 
 Every command takes ``--json``. ``CertflowClient`` (certflow/client.py) is the
-same as a library; the commands are in certflow/cli.py.
+same as a library; the commands are in certflow/cli.py (installed as the
+``certflow`` command). ``demo`` runs from a checkout only: it is the dev harness's
+(devstack/demo.py), which no install carries.
 """
 
 from __future__ import annotations
@@ -23,5 +25,24 @@ from certflow.models import CertificateState
 
 __all__ = ["ActionRejectedError", "CertflowClient", "CertificateState", "main"]
 
+
+
+def demo(argv: list[str]) -> int:
+    """Every server local, three certificates issued (the README's first command)."""
+    try:
+        from devstack.demo import run_demo
+    except ImportError:
+        print(
+            "certflow: the demo runs from a checkout with the dev extra"
+            " (scripts/setup.sh && .venv/bin/python starter.py demo)",
+            file=sys.stderr,
+        )
+        return 2
+    if argv not in ([], ["--exit"]):
+        print("usage: starter.py demo [--exit]", file=sys.stderr)
+        return 2
+    return run_demo(keep_running=not argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(demo(sys.argv[2:]) if sys.argv[1:2] == ["demo"] else main())

@@ -22,16 +22,19 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from activities.acme_client import (
+from certflow.acme.orders import Issuers, OrderPacing
+from certflow.acme.client import (
     REGISTER_ATTEMPTS,
     AcmeAccount,
     AcmeClients,
     ensure_account,
     issuer_setting,
 )
-from activities.acme_orders import AcmeActivities, OrderPacing
-from activities.dns_checks import CaaIssuer, DnsActivities, DnsChecker
-from activities.http01_fetch import Http01Fetcher
+from activities.acme import AcmeActivities
+from certflow.dns.caa import CaaIssuer
+from activities.dns import DnsActivities
+from certflow.dns.checks import DnsChecker
+from certflow.dns.http01 import Http01Fetcher
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
@@ -39,13 +42,13 @@ from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
-from certflow.db import create_pool, migrate
+from certflow.store.db import create_pool, migrate
 from certflow.errors import CaUnreachableError, ConfigError
 from certflow.issuers import Issuer
 from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.tracing import configure_tracing
-from certflow.responder import ChallengeResponder, bind_listener, responder_server
+from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
 from certflow.settings import Settings, load_settings
 from certflow.schedules import install_reconcile_schedule, install_renewal_info_schedule
 from certflow.search import register_search_attributes
@@ -135,16 +138,20 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 metrics,
             ),
             AcmeActivities(
-                issuer_clients,
-                pool,
-                encryption_key,
-                settings.acme_key_type,
-                executor,
-                metrics=metrics,
-                pacing=OrderPacing(
-                    max_orders_in_flight=settings.max_new_orders_in_flight,
-                    polls_per_second=settings.acme_polls_per_second,
+                Issuers(
+                    issuer_clients,
+                    pool,
+                    encryption_key,
+                    settings.acme_key_type,
+                    executor,
+                    metrics,
+                    OrderPacing(
+                        max_orders_in_flight=settings.max_new_orders_in_flight,
+                        polls_per_second=settings.acme_polls_per_second,
+                    ),
                 ),
+                pool,
+                metrics,
             ),
             RetentionActivities(pool, settings.events_retention_days),
             ReconcileActivities(

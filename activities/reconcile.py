@@ -21,8 +21,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
-from certflow import certificates
-from certflow.certificates import ReconcileRow
+from certflow.store import certificates
+from certflow.store.certificates import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.models import CertificateInput, ReconcileInput, ReconcileResult

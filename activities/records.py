@@ -6,7 +6,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from certflow import certificates
+from certflow.store import certificates
 from certflow.models import (
     CertificateRecord,
     EnsureCertificateInput,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from activities.acme_orders import AcmeActivities
-from activities.dns_checks import DnsActivities
+from activities.acme import AcmeActivities
+from activities.dns import DnsActivities
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities

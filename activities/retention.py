@@ -8,7 +8,7 @@ from datetime import timedelta
 import asyncpg
 from temporalio import activity
 
-from certflow.event_retention import prune_events
+from certflow.store.events import prune_events
 from certflow.models import PruneEventsResult
 
 

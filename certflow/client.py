@@ -25,7 +25,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from certflow import certificates, cooldown
+from certflow.store import certificates, cooldowns
 from certflow.contract import (
     CERTIFICATE_WORKFLOW,
     DOMAIN_CHECK_WORKFLOW,
@@ -34,7 +34,7 @@ from certflow.contract import (
     reconcile_schedule_id,
     workflow_id_for,
 )
-from certflow.db import create_pool
+from certflow.store.db import create_pool
 from certflow.hostnames import InvalidHostnameError, normalize_hostname, registered_domain
 from certflow.models import (
     CertificateEvent,
@@ -200,7 +200,7 @@ class CertflowClient:
 
     async def cooldowns(self) -> list[Cooldown]:
         """Every rate-limit cooldown in force (any CA, any scope), longest first."""
-        return await cooldown.active_cooldowns(self.pool)
+        return await cooldowns.active_cooldowns(self.pool)
 
     async def cooldowns_for(self, hostname: str) -> list[Cooldown]:
         """The cooldowns in force that hold back hostname's next order: the account's,
@@ -208,8 +208,8 @@ class CertflowClient:
         hostname = normalize_hostname(hostname)
         kind = await certificates.order_kind(self.pool, hostname)
         found: list[Cooldown] = []
-        for directory_url in {c.directory_url for c in await cooldown.active_cooldowns(self.pool)}:
-            found += await cooldown.applicable_cooldowns(
+        for directory_url in {c.directory_url for c in await cooldowns.active_cooldowns(self.pool)}:
+            found += await cooldowns.applicable_cooldowns(
                 self.pool, directory_url, hostname, registered_domain(hostname), kind
             )
         return sorted(found, key=lambda c: c.until, reverse=True)
@@ -230,12 +230,12 @@ class CertflowClient:
                     raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}: {err}") from None
             held = [
                 c
-                for c in await cooldown.active_cooldowns(self.pool)
+                for c in await cooldowns.active_cooldowns(self.pool)
                 if c.scope is chosen and c.scope_key == key
             ]
             if not held:
                 raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}")
-        cleared = await cooldown.clear_cooldowns(self.pool, chosen, key)
+        cleared = await cooldowns.clear_cooldowns(self.pool, chosen, key)
         waiting = [
             h for h in await certificates.waiting_for_cooldown(self.pool) if _freed(h, cleared)
         ]

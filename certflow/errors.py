@@ -110,7 +110,7 @@ class DnsCheckError(CertflowError):
 class AcmeProblemError(CertflowError):
     """The CA answered with an error (RFC 8555 problem document or bare HTTP status).
 
-    For a rate limit, what ``activities.acme_problems`` read from it: the scope
+    For a rate limit, what ``certflow.acme.problems`` read from it: the scope
     (``account`` / ``registered_domain`` / ``hostname``), the rate-limits page
     anchor and Boulder's limit name; ``paused`` with the CA portal's
     ``unpause_url`` for a paused hostname.

@@ -18,7 +18,8 @@ import asyncpg
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from certflow.changes import ChangeFeed
+from certflow.store import served
+from certflow.store.changes import ChangeFeed
 
 log = logging.getLogger(__name__)
 
@@ -121,30 +122,21 @@ class CertflowMetrics:
         if not self._changes.started:
             async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
                 await self._changes.start(conn)
-                rows = await conn.fetch("SELECT status, count(*) AS n FROM certificates GROUP BY status")
-            self._counts = {r["status"]: int(r["n"]) for r in rows}
+                self._counts = await served.count_by_status(conn)
         else:
             for change in await self._changes.read(pool):
                 if change.from_status is not None:
                     self._counts[change.from_status] = self._counts.get(change.from_status, 0) - 1
                 if change.to_status in STATUSES:
                     self._counts[change.to_status] = self._counts.get(change.to_status, 0) + 1
-        row = await pool.fetchrow(
-            """
-            SELECT
-                (SELECT min(ssl_expires_at) FROM certificates
-                   WHERE status IN ('ACTIVE', 'RENEWING')) AS soonest,
-                (SELECT max(until) FROM acme_cooldowns) AS cooldown_until
-            """
-        )
-        assert row is not None
+        horizon = await served.horizon(pool)
         for status in STATUSES:
             self._by_status.with_additional_attributes({"status": status}).set(
                 float(max(0, self._counts.get(status, 0)))
             )
-        if row["soonest"] is not None:
-            self._soonest_expiry.set(row["soonest"].timestamp())
-        self.cooldown(row["cooldown_until"])
+        if horizon.soonest_expiry is not None:
+            self._soonest_expiry.set(horizon.soonest_expiry.timestamp())
+        self.cooldown(horizon.cooldown_until)
 
     async def run_refresh(self, pool: asyncpg.Pool, every_seconds: float) -> None:
         """Refresh the database-driven gauges forever (cancel the task to stop)."""

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from certflow.errors import ConfigError
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
 from certflow.models import ProvisioningPolicy
-from certflow.reserved_addresses import AddressPolicy
+from certflow.dns.reserved import AddressPolicy
 
 ENV_PREFIX = "CERTFLOW_"
 S = TypeVar("S", bound="ClientSettings")

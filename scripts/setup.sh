@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages the demo and tests need: Pebble (CA + mock DNS), Knot and
 # Unbound (a real authoritative DNS server and the recursive resolver Let's
-# Encrypt uses, for certflow/dev/realdns.py; python3-unbound for its policy
+# Encrypt uses, for devstack/realdns.py; python3-unbound for its policy
 # module), kdig for poking at them by hand,
 # and docker-compose (only to validate docker-compose.yml; no engine is used).
 # The tests run knotd and unbound as their own processes; the packages' system

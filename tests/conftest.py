@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from certflow.dev import devstack
+from devstack import servers
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     if url:
         yield url
         return
-    server = devstack.start_embedded_postgres(tmp_path_factory.mktemp("postgres"))
+    server = servers.start_embedded_postgres(tmp_path_factory.mktemp("postgres"))
     try:
         yield server.url
     finally:
@@ -37,14 +37,14 @@ def new_database(postgres_admin_url: str) -> Iterator[object]:
     def make(prefix: str = "certflow_test") -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
         created.append(name)
-        return devstack.create_database(postgres_admin_url, name)
+        return servers.create_database(postgres_admin_url, name)
 
     yield make
 
 
 @pytest.fixture(scope="session")
-def pebble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.PebbleStack]:
-    stack = devstack.start_pebble(tmp_path_factory.mktemp("pebble"), nonce_reject_percent=5)
+def pebble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.PebbleStack]:
+    stack = servers.start_pebble(tmp_path_factory.mktemp("pebble"), nonce_reject_percent=5)
     try:
         yield stack
     finally:
@@ -52,8 +52,8 @@ def pebble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.Pebble
 
 
 @pytest.fixture(scope="session")
-def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[devstack.TemporalDevServer]:
-    server = devstack.start_temporal(tmp_path_factory.mktemp("temporal"))
+def temporal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.TemporalDevServer]:
+    server = servers.start_temporal(tmp_path_factory.mktemp("temporal"))
     try:
         yield server
     finally:

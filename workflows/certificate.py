@@ -24,8 +24,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from activities.acme_orders import AcmeActivities
-    from activities.dns_checks import DnsActivities
+    from activities.acme import AcmeActivities
+    from activities.dns import DnsActivities
     from activities.preflight import PreflightActivities
     from activities.records import RecordActivities
     from certflow import search

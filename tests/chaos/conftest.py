@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from certflow.dev import devstack
+from devstack import servers
 from certflow.crypto import EncryptionKey
-from certflow.dev.faultproxy import FaultProxy, start_fault_proxy
+from devstack.faultproxy import FaultProxy, start_fault_proxy
 
 CNAME_TARGET = "edge.chaos.test"
 TASK_QUEUE = "certflow-chaos"
@@ -54,14 +54,14 @@ def pytest_configure(config: pytest.Config) -> None:
 @dataclass
 class ChaosStack:
     workdir: Path
-    temporal: devstack.TemporalDevServer
-    postgres: devstack.PostgresServer
+    temporal: servers.TemporalDevServer
+    postgres: servers.PostgresServer
     admin_url: str
     database_url: str
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     proxy: FaultProxy
     env: dict[str, str]
-    worker: devstack.WorkerProcess
+    worker: servers.WorkerProcess
     encryption_key: EncryptionKey
 
     @property
@@ -73,7 +73,7 @@ class ChaosStack:
         start it again on the same data directory (and so the same socket/URL)."""
         self.postgres.stop()
         time.sleep(down_seconds)
-        self.postgres = devstack.start_embedded_postgres(self.postgres_dir)
+        self.postgres = servers.start_embedded_postgres(self.postgres_dir)
         if self.postgres.url != self.admin_url:
             raise AssertionError(
                 f"restarted Postgres moved: {self.postgres.url} != {self.admin_url}"
@@ -97,19 +97,19 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack
     workdir = tmp_path_factory.mktemp("chaos")
     started: list[object] = []
     try:
-        postgres = devstack.start_embedded_postgres(workdir / "postgres")
+        postgres = servers.start_embedded_postgres(workdir / "postgres")
         started.append(postgres)
-        database_url = devstack.create_database(postgres.url, DATABASE)
-        temporal = devstack.start_temporal(workdir / "temporal")
+        database_url = servers.create_database(postgres.url, DATABASE)
+        temporal = servers.start_temporal(workdir / "temporal")
         started.append(temporal)
-        pebble = devstack.start_pebble(
+        pebble = servers.start_pebble(
             workdir / "pebble", nonce_reject_percent=20, authz_reuse_percent=50
         )
         started.append(pebble)
         proxy = start_fault_proxy(pebble, workdir / "pebble")
         started.append(proxy)
         raw_key = secrets.token_bytes(32)
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=database_url,
@@ -118,7 +118,7 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosStack
             task_queue=TASK_QUEUE,
             extra={"CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url, **CHAOS_POLICY},
         )
-        worker = devstack.start_worker(workdir / "worker", env, timeout=120)
+        worker = servers.start_worker(workdir / "worker", env, timeout=120)
     except BaseException:
         for thing in reversed(started):
             thing.stop()  # type: ignore[attr-defined]

@@ -81,8 +81,8 @@ from temporalio.service import RPCError
 
 from certflow.contract import workflow_id_for
 from certflow.crypto import PrivateKey, load_private_key, public_key_matches
-from certflow.dev import devstack
-from certflow.dev.faultproxy import Endpoint, Fault, Forwarded
+from devstack import servers
+from devstack.faultproxy import Endpoint, Fault, Forwarded
 from certflow.models import CertificateState
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
@@ -751,12 +751,12 @@ async def _connect(stack: ChaosStack, task_queue: str | None = None) -> Certflow
     )
 
 
-def _unchecked_worker(stack: ChaosStack, task_queue: str) -> devstack.WorkerProcess:
+def _unchecked_worker(stack: ChaosStack, task_queue: str) -> servers.WorkerProcess:
     """A second worker, on its own task queue and loopback address, that accepts
     challenges without the HTTP-01 self-check (which would catch what the CA is
     meant to fail here)."""
     port = stack.env["CERTFLOW_HTTP01_LISTEN"].rsplit(":", 1)[1]
-    return devstack.start_worker(
+    return servers.start_worker(
         stack.workdir / "worker-unchecked",
         {
             **stack.env,

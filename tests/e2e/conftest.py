@@ -24,10 +24,10 @@ import pytest
 from temporalio.client import ScheduleActionExecutionStartWorkflow, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from certflow import certificates
-from certflow.dev import devstack
+from certflow.store import certificates
+from devstack import servers
 from certflow.crypto import EncryptionKey
-from certflow.db import create_pool, migrate
+from certflow.store.db import create_pool, migrate
 from certflow.models import OpenedOrder
 from certflow.contract import reconcile_schedule_id
 from certflow.settings import ClientSettings
@@ -38,14 +38,14 @@ CNAME_TARGET = "edge.saas.test"
 
 @dataclass
 class Deployment:
-    pebble: devstack.PebbleStack
-    temporal: devstack.TemporalDevServer
+    pebble: servers.PebbleStack
+    temporal: servers.TemporalDevServer
     database_url: str
     env: dict[str, str]
-    worker: devstack.WorkerProcess
+    worker: servers.WorkerProcess
     encryption_key: EncryptionKey
     key_capture: Path
-    """Every private key the worker generated (devstack.captured_keys reads it)."""
+    """Every private key the worker generated (servers.captured_keys reads it)."""
 
     def hostname(self, label: str = "shop") -> str:
         """A unique hostname whose CNAME already points at the edge."""
@@ -146,15 +146,15 @@ def webhooks() -> Iterator[WebhookReceiver]:
 
 @pytest.fixture(scope="session")
 def deployment(
-    pebble: devstack.PebbleStack,
-    temporal: devstack.TemporalDevServer,
+    pebble: servers.PebbleStack,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[[], str],
     tmp_path_factory: pytest.TempPathFactory,
     webhooks: WebhookReceiver,
 ) -> Iterator[Deployment]:
     database_url = new_database()
     raw_key = secrets.token_bytes(32)
-    env = devstack.certflow_environment(
+    env = servers.certflow_environment(
         pebble=pebble,
         temporal_address=temporal.address,
         database_url=database_url,
@@ -166,7 +166,7 @@ def deployment(
             "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
             "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
             "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "4",
-            "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+            "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
             "CERTFLOW_METRICS_REFRESH_SECONDS": "1",
             "CERTFLOW_WEBHOOK_URL": webhooks.url,
             "CERTFLOW_WEBHOOK_SECRET": WEBHOOK_SECRET,
@@ -174,7 +174,7 @@ def deployment(
     )
     workdir: Path = tmp_path_factory.mktemp("e2e-worker")
     key_capture = workdir / "generated-keys.hex"
-    worker = devstack.start_worker(workdir, env, capture_keys=key_capture)
+    worker = servers.start_worker(workdir, env, capture_keys=key_capture)
     try:
         yield Deployment(pebble, temporal, database_url, env, worker, EncryptionKey(raw_key), key_capture)
     finally:
@@ -280,7 +280,7 @@ def _send_log_sentinel(host: str, port: int) -> bytes:
 
 
 async def worker_log_after_sentinel(
-    worker: devstack.WorkerProcess, offset: int, timeout: float = 30.0
+    worker: servers.WorkerProcess, offset: int, timeout: float = 30.0
 ) -> bytes:
     """The worker's log from byte ``offset`` on, read once it holds the line of a
     sentinel sent now: a malformed request the worker's responder answers 400 after

@@ -39,8 +39,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
-from certflow.dev import devstack
-from certflow.dev.faultproxy import FaultProxy, start_fault_proxy
+from devstack import servers
+from devstack.faultproxy import FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.models import CertificateState
@@ -68,7 +68,7 @@ class WorkerDidNotStart(AssertionError):
     """A worker process exited (or never listened) during start-up."""
 
 
-def wait_listening(host: str, port: int, worker: devstack.WorkerProcess, timeout: float = 60) -> None:
+def wait_listening(host: str, port: int, worker: servers.WorkerProcess, timeout: float = 60) -> None:
     """Block until ``host:port`` accepts connections; fail as soon as the worker exits.
 
     ``WorkerProcess.start`` probes 127.0.0.1 whatever the listen address, so a
@@ -95,14 +95,14 @@ def wait_listening(host: str, port: int, worker: devstack.WorkerProcess, timeout
 class Stack:
     """Pebble + fault proxy + database + task queue + worker(s)."""
 
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     proxy: FaultProxy | None
-    temporal: devstack.TemporalDevServer
+    temporal: servers.TemporalDevServer
     database_url: str
     env: dict[str, str]
-    worker: devstack.WorkerProcess
+    worker: servers.WorkerProcess
     workdir: Path
-    extra_workers: list[devstack.WorkerProcess] = field(default_factory=list)
+    extra_workers: list[servers.WorkerProcess] = field(default_factory=list)
     failed_starts: list[str] = field(default_factory=list)
     """First lines of the errors of worker starts that failed and were retried."""
 
@@ -142,18 +142,18 @@ class Stack:
         *,
         extra: dict[str, str] | None = None,
         task_queue: str | None = None,
-    ) -> devstack.WorkerProcess:
+    ) -> servers.WorkerProcess:
         """Another worker on the same database and Pebble (same HTTP-01 port on
         another loopback address); same task queue unless told otherwise."""
         env = {
             **self.env,
             "CERTFLOW_HTTP01_LISTEN": f"{listen_host}:{self.http01_port}",
-            "CERTFLOW_METRICS_LISTEN": f"{listen_host}:{devstack.free_port()}",
+            "CERTFLOW_METRICS_LISTEN": f"{listen_host}:{servers.free_port()}",
             **(extra or {}),
         }
         if task_queue is not None:
             env["CERTFLOW_TASK_QUEUE"] = task_queue
-        worker = devstack.start_worker(self.workdir, env, name=name)
+        worker = servers.start_worker(self.workdir, env, name=name)
         wait_listening(listen_host, self.http01_port, worker)
         self.extra_workers.append(worker)
         return worker
@@ -169,7 +169,7 @@ class Stack:
 
 def build_stack(
     workdir: Path,
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     database_url: str,
     *,
     nonce_reject_percent: int = 0,  # 0: request counts at the proxy are exact
@@ -178,12 +178,12 @@ def build_stack(
     worker_attempts: int = 1,
 ) -> Stack:
     """Start Pebble (+ proxy) and one worker on 127.0.0.1:<Pebble's HTTP-01 port>."""
-    pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=nonce_reject_percent)
+    pebble = servers.start_pebble(workdir / "pebble", nonce_reject_percent=nonce_reject_percent)
     proxy = None
     try:
         if with_proxy:
             proxy = start_fault_proxy(pebble, workdir / "pebble")
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=database_url,
@@ -193,7 +193,7 @@ def build_stack(
             extra={
                 **SHORT_POLICY,
                 "CERTFLOW_MANAGED_BASE_DOMAIN": MANAGED_BASE_DOMAIN,
-                "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+                "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
                 "CERTFLOW_METRICS_REFRESH_SECONDS": "1",
                 **({"CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url} if proxy else {}),
                 **(extra or {}),
@@ -213,11 +213,11 @@ def build_stack(
 
 def _start_worker_with_attempts(
     workdir: Path, env: dict[str, str], attempts: int, failed: list[str]
-) -> devstack.WorkerProcess:
+) -> servers.WorkerProcess:
     for attempt in range(1, attempts + 1):
         try:
-            return devstack.start_worker(workdir, env, name=f"worker-a{attempt}")
-        except devstack.StackError as err:
+            return servers.start_worker(workdir, env, name=f"worker-a{attempt}")
+        except servers.StackError as err:
             lines = str(err).splitlines()
             failed.append(next((l for l in reversed(lines) if l.strip()), lines[0]))
             if attempt == attempts:
@@ -240,7 +240,7 @@ async def connect_client(stack: Stack, task_queue: str | None = None) -> Certflo
 
 @pytest.fixture(scope="module")
 def fault_stack(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
@@ -352,7 +352,7 @@ class ObservedStack:
 
 @pytest.fixture(scope="module")
 def observed_stack(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ObservedStack]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow.dev import devstack
+from devstack import servers
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +39,13 @@ def _account_urls(log: Path) -> set[str]:
 
 
 async def test_workers_share_one_account_and_register_it_again_when_the_ca_forgot(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path: Path,
 ) -> None:
     database_url = new_database("certflow_accounts")
-    pebble = devstack.start_pebble(tmp_path / "pebble", nonce_reject_percent=0)
-    env = devstack.certflow_environment(
+    pebble = servers.start_pebble(tmp_path / "pebble", nonce_reject_percent=0)
+    env = servers.certflow_environment(
         pebble=pebble,
         temporal_address=temporal.address,
         database_url=database_url,
@@ -55,13 +55,13 @@ async def test_workers_share_one_account_and_register_it_again_when_the_ca_forgo
         extra={"CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0", "CERTFLOW_RENEWAL_INFO_SWEEP_SECONDS": "0"},
     )
     port = pebble.http01_port
-    workers: list[devstack.WorkerProcess] = []
+    workers: list[servers.WorkerProcess] = []
     failures: list[BaseException] = []
 
     def start(n: int) -> None:
         try:
             workers.append(
-                devstack.start_worker(
+                servers.start_worker(
                     tmp_path / f"w{n}",
                     {**env, "CERTFLOW_HTTP01_LISTEN": f"127.0.0.{20 + n}:{port}"},
                     name=f"worker-{n}",
@@ -96,7 +96,7 @@ async def test_workers_share_one_account_and_register_it_again_when_the_ca_forgo
             workers.clear()
             directory_port = int(pebble.directory_url.rsplit(":", 1)[1].split("/", 1)[0])
             pebble.stop()
-            pebble = devstack.start_pebble(
+            pebble = servers.start_pebble(
                 tmp_path / "pebble-again", nonce_reject_percent=0, ca_port=directory_port
             )
             env = {
@@ -107,7 +107,7 @@ async def test_workers_share_one_account_and_register_it_again_when_the_ca_forgo
                 "CERTFLOW_HTTP01_SELF_CHECK_PORT": str(pebble.http01_port),
             }
             assert pebble.directory_url == env["CERTFLOW_ACME_DIRECTORY_URL"]
-            workers.append(devstack.start_worker(tmp_path / "w-again", env, name="worker-again"))
+            workers.append(servers.start_worker(tmp_path / "w-again", env, name="worker-again"))
             row = await conn.fetchrow("SELECT * FROM acme_accounts")
             assert row["account_url"] != first_url  # registered again at the new CA
             assert bytes(row["encrypted_account_key"]) == sealed  # with the same key

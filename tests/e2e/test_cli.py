@@ -15,8 +15,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow import cooldown
-from certflow.dev import devstack
+from certflow.store import cooldowns
+from devstack import servers
 from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment
 
@@ -103,7 +103,7 @@ async def test_wrong_encryption_key_stops_the_worker_and_changes_nothing(
     env = {
         **deployment.env,
         "CERTFLOW_ENCRYPTION_KEY": base64.b64encode(b"\x07" * 32).decode(),
-        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{servers.free_port()}",
     }
     result = _run(["worker.py"], env, timeout=60)
     assert result.returncode == 2
@@ -130,7 +130,7 @@ async def test_a_profile_the_ca_does_not_offer_stops_the_worker(
         **deployment.env,
         "CERTFLOW_DATABASE_URL": database_url,
         "CERTFLOW_ACME_PROFILE": "tlsserver",
-        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{servers.free_port()}",
     }
     result = _run(["worker.py"], env, timeout=60)
     assert result.returncode == 2
@@ -156,14 +156,14 @@ async def test_cooldown_clear_by_scope_and_key(deployment: Deployment, db: async
         (LimitScope.REGISTERED_DOMAIN, domain, "CertificatesPerDomain"),
         (LimitScope.HOSTNAME, f"shop.{domain}", "CertificatesPerFQDNSet"),
     ):
-        await cooldown.extend_cooldown(
+        await cooldowns.extend_cooldown(
             db, directory, scope, key, limit, 600, "urn:ietf:params:acme:error:rateLimited", f"{limit} detail"
         )
 
     async def planted() -> list[tuple[str, str]]:
         return sorted(
             (c.scope.value, c.scope_key)
-            for c in await cooldown.active_cooldowns(db)
+            for c in await cooldowns.active_cooldowns(db)
             if c.directory_url == directory
         )
 
@@ -193,7 +193,7 @@ async def test_cooldown_clear_by_scope_and_key(deployment: Deployment, db: async
     result = _run(["starter.py", "cooldown", "--clear", "--scope", "registered_domain", "--key", domain], env)
     assert result.returncode == 0, result.stderr
     assert await planted() == [("hostname", f"shop.{domain}")]
-    await cooldown.clear_cooldowns(db, LimitScope.HOSTNAME, f"shop.{domain}")
+    await cooldowns.clear_cooldowns(db, LimitScope.HOSTNAME, f"shop.{domain}")
 
 
 async def test_a_hostname_belongs_to_its_tenant(deployment: Deployment, db: asyncpg.Pool) -> None:

@@ -31,9 +31,11 @@ from acme import messages
 from cryptography import x509
 from temporalio.testing import ActivityEnvironment
 
-from activities.acme_client import AcmeClients, ensure_account
-from activities.acme_orders import AcmeActivities
-from certflow import certificates
+from certflow.acme.client import AcmeClients, ensure_account
+from activities.acme import AcmeActivities
+from certflow.acme.orders import Issuers
+from certflow.metrics import CertflowMetrics
+from certflow.store import certificates
 from certflow.crypto import (
     generate_private_key,
     load_private_key,
@@ -79,13 +81,12 @@ async def planted(db: asyncpg.Pool) -> AsyncIterator[list[str]]:
 async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
     issuer = deployment.pebble.issuer()
     account = await ensure_account(db, issuer, None, deployment.encryption_key)
-    return AcmeActivities(
-        AcmeClients(account, issuer),
-        db,
-        deployment.encryption_key,
-        KeyType.EC256,
-        ThreadPoolExecutor(max_workers=4),
+    metrics = CertflowMetrics()
+    issuers = Issuers(
+        AcmeClients(account, issuer), db, deployment.encryption_key, KeyType.EC256,
+        ThreadPoolExecutor(max_workers=4), metrics,
     )
+    return AcmeActivities(issuers, db, metrics)
 
 
 async def _ready_order(
@@ -118,7 +119,7 @@ def acme_persist(db: asyncpg.Pool):  # type: ignore[no-untyped-def]
 
 def _finalize_out_of_band(acme: AcmeActivities, order_url: str, csr: bytes) -> None:
     """What a worker did before it died: the finalize request, never the store."""
-    clients = acme._at(None)._clients
+    clients = acme._issuers.at(None)._clients
     with clients.borrow() as client:
         body = client.net.post(order_url, None, new_nonce_url=clients.new_nonce_url).json()
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))

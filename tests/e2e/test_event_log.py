@@ -2,10 +2,10 @@
 retention.
 
 - The TLS edge (and the metrics) follow ``certificate_events`` by transaction
-  (certflow/changes.py): an event of a transaction that commits after a later
+  (certflow/store/changes.py): an event of a transaction that commits after a later
   one was read is still handed out, so a renewal stored by a slow transaction
   is served at the next refresh.
-- The retention pass (certflow/event_retention.py) prunes 100,000 old events in
+- The retention pass (certflow/store/events.py) prunes 100,000 old events in
   pages, costs what it prunes, never takes a hostname's newest event, and leaves
   the feed, the edge and the metrics working.
 """
@@ -18,12 +18,12 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from certflow.changes import ChangeFeed
+from certflow.store.changes import ChangeFeed
 from certflow.crypto import EncryptionKey
-from certflow.db import create_pool, migrate
-from certflow.event_retention import prune_events
+from certflow.store.db import create_pool, migrate
+from certflow.store.events import prune_events
 from certflow.metrics import CertflowMetrics
-from certflow.serving import SniCertificates
+from certflow.edge.serving import SniCertificates
 
 pytestmark = pytest.mark.e2e
 

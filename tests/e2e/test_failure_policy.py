@@ -25,9 +25,9 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-from certflow import cooldown
-from certflow.dev import devstack
-from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, Forwarded
+from certflow.store import cooldowns
+from devstack import servers
+from devstack.faultproxy import Endpoint, Fault, FaultProxy, Forwarded
 from certflow.client import ActionRejectedError, CertflowClient
 from certflow.models import CertificateState
 from tests.e2e.fault_fixtures import (
@@ -67,7 +67,7 @@ async def stack(fault_stack: Stack, fault_client: CertflowClient) -> Stack:
     assert fault_stack.proxy is not None
     fault_stack.proxy.clear()
     fault_stack.proxy.reset_counts()
-    await cooldown.clear_cooldowns(fault_client.pool)
+    await cooldowns.clear_cooldowns(fault_client.pool)
     return fault_stack
 
 
@@ -644,7 +644,7 @@ async def _wait_for_poller(
 
 
 async def test_thirty_percent_nonce_rejection_still_issues_ten_certificates(
-    temporal: devstack.TemporalDevServer, new_database: Callable[..., str], tmp_path: Path
+    temporal: servers.TemporalDevServer, new_database: Callable[..., str], tmp_path: Path
 ) -> None:
     """Pebble refuses 30 % of nonces; a proxy in front counts its badNonce answers, so
     the test knows rejections really happened while the ten were issued.

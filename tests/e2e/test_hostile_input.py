@@ -32,9 +32,9 @@ import idna
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from certflow import certificates
+from certflow.store import certificates
 from certflow.hostnames import InvalidHostnameError
-from certflow.responder import REQUEST_RECEIPT_SECONDS
+from certflow.edge.responder import REQUEST_RECEIPT_SECONDS
 from certflow.client import CertflowClient
 from tests.e2e.conftest import (
     Deployment,
@@ -505,7 +505,7 @@ def _log_problems(new_log: bytes) -> list[str]:
                 problems.append(raw.decode(errors="replace")[:300])
             continue
         text = json.dumps(entry)
-        responder_related = str(entry.get("logger", "")).startswith(("uvicorn", "certflow.responder")) or any(
+        responder_related = str(entry.get("logger", "")).startswith(("uvicorn", "certflow.edge.responder")) or any(
             marker in text for marker in ("responder.py", "uvicorn", "h11", "ASGI")
         )
         if not responder_related:
@@ -553,7 +553,7 @@ async def test_responder_shrugs_off_malformed_requests(deployment: Deployment, p
 # BUG-4 (fixed): uvicorn has no request-receipt timeout (timeout_keep_alive only runs
 # between requests), so a slowloris client held the worker's sockets for ever; the
 # responder's protocol now closes a request not received whole in
-# REQUEST_RECEIPT_SECONDS (certflow/responder.py _GuardedH11Protocol).
+# REQUEST_RECEIPT_SECONDS (certflow/edge/responder.py _GuardedH11Protocol).
 STALL_LIMIT_S = REQUEST_RECEIPT_SECONDS + 5.0
 
 

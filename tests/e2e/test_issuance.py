@@ -14,7 +14,7 @@ from cryptography.x509.verification import PolicyBuilder, Store
 from certflow.crypto import PrivateKey, load_private_key, public_key_matches
 from certflow.client import CertflowClient
 from certflow.contract import reconcile_schedule_id
-from certflow.dev import devstack
+from devstack import servers
 from tests.e2e.conftest import Deployment
 from tests.leaks import all_leaks, key_needles
 
@@ -159,7 +159,7 @@ async def test_no_key_material_in_workflows_tables_or_logs(
         for a in accounts
     ]
 
-    generated = devstack.captured_keys(deployment.key_capture)
+    generated = servers.captured_keys(deployment.key_capture)
     assert len(generated) >= 2 * len(hostnames), "the worker's generated keys were not captured"
     findings = await all_leaks(
         key_needles(*keys, *generated),

@@ -40,9 +40,9 @@ import asyncpg
 import pytest
 
 from certflow.client import CertflowClient
-from certflow.dev import devstack, realdns
-from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, Forwarded, start_fault_proxy
-from certflow.dev.realdns import RealDns
+from devstack import realdns, servers
+from devstack.faultproxy import Endpoint, Fault, FaultProxy, Forwarded, start_fault_proxy
+from devstack.realdns import RealDns
 from certflow.models import CertificateState, CertificateStatus
 from certflow.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
@@ -96,7 +96,7 @@ class CaSeen:
 @dataclass
 class TwoCas:
     dns: RealDns
-    pebbles: dict[str, devstack.PebbleStack]
+    pebbles: dict[str, servers.PebbleStack]
     proxies: dict[str, FaultProxy]
     seen: dict[str, CaSeen]
     env: dict[str, str]
@@ -114,7 +114,7 @@ class TwoCas:
 
 
 def issuers_setting(
-    proxies: dict[str, FaultProxy], pebbles: dict[str, devstack.PebbleStack], mac_key: str
+    proxies: dict[str, FaultProxy], pebbles: dict[str, servers.PebbleStack], mac_key: str
 ) -> str:
     return json.dumps(
         [
@@ -137,7 +137,7 @@ def issuers_setting(
 
 @pytest.fixture(scope="module")
 def cas(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[TwoCas]:
@@ -146,9 +146,9 @@ def cas(
         dns = realdns.start_real_dns(workdir / "dns")
         cleanup.callback(dns.stop)
         dns.set_a(EDGE, ["127.0.0.1"])
-        a = devstack.start_pebble(workdir / "a", nonce_reject_percent=0, dns_server=dns.resolver)
+        a = servers.start_pebble(workdir / "a", nonce_reject_percent=0, dns_server=dns.resolver)
         cleanup.callback(a.stop)
-        b = devstack.start_pebble(
+        b = servers.start_pebble(
             workdir / "b",
             nonce_reject_percent=0,
             dns_server=dns.resolver,
@@ -167,7 +167,7 @@ def cas(
         for name, proxy in proxies.items():
             seen[name].watch(proxy)
         database_url = new_database("certflow_issuers")
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=a,
             temporal_address=temporal.address,
             database_url=database_url,
@@ -181,7 +181,7 @@ def cas(
             },
         )
         del env["CERTFLOW_ACME_DIRECTORY_URL"], env["CERTFLOW_ACME_CA_BUNDLE"]
-        worker = devstack.start_worker(workdir / "worker", env)
+        worker = servers.start_worker(workdir / "worker", env)
         cleanup.callback(worker.stop)
         yield TwoCas(dns, pebbles, proxies, seen, env, database_url)
 
@@ -318,14 +318,14 @@ async def test_a_fallback_ca_down_at_start_does_not_stop_the_worker(
     issued by ca-a, one only ca-b may serve waits on ACME_TEMPORARY naming ca-b.
     (Before: the worker refused to start, as for the first CA.)"""
     issuers = json.loads(issuers_setting(cas.proxies, cas.pebbles, MAC_KEY))
-    issuers[1]["directory_url"] = f"https://127.0.0.1:{devstack.free_port()}/dir"
+    issuers[1]["directory_url"] = f"https://127.0.0.1:{servers.free_port()}/dir"
     env = {
         **cas.env,
         "CERTFLOW_ISSUERS": json.dumps(issuers),
         "CERTFLOW_TASK_QUEUE": f"certflow-issuers-down-{uuid.uuid4().hex[:8]}",
-        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{servers.free_port()}",
     }
-    worker = devstack.start_worker(tmp_path / "worker", env, name="down-at-start", timeout=120)
+    worker = servers.start_worker(tmp_path / "worker", env, name="down-at-start", timeout=120)
     client = await _connect(env)
     try:
         both, only_b = cas.customer("down-both"), cas.customer("down-only-b", "ca-b.test")
@@ -365,7 +365,7 @@ async def test_a_wrong_or_missing_eab_stops_the_worker_naming_the_issuer(
         **cas.env,
         "CERTFLOW_DATABASE_URL": database_url,
         "CERTFLOW_ISSUERS": json.dumps(issuers),
-        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{devstack.free_port()}",
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.1:{servers.free_port()}",
     }
     result = await asyncio.to_thread(
         subprocess.run,

@@ -15,8 +15,8 @@ import asyncpg
 import pytest
 
 from certflow.crypto import DecryptionError, EncryptionKey, generate_private_key, private_key_to_pem
-from certflow.db import create_pool, migrate
-from certflow.rotation import rotate_keys
+from certflow.store.db import create_pool, migrate
+from certflow.store.rotation import rotate_keys
 from certflow.settings import KeyType
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ for that reason (the sandbox would re-import this module with an empty dict).
 
 In the product path, once (then reverted exactly: the file compared equal to a
 copy taken before): ``AcmeActivities._finalize_and_store`` in
-activities/acme_orders.py was made to log the new key at INFO
+certflow/acme/orders.py was made to log the new key at INFO
 (``activity.logger.info("stored key %s", private_key_to_pem(key).decode())``;
 the deployment's worker logs at INFO, so a DEBUG line would never be written)
 and to return the private scalar as hex appended to ``serial_hex``. With that
@@ -72,7 +72,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from certflow.dev import devstack
+from devstack import servers
 from certflow.logs import JsonFormatter
 from tests.leaks import Findings, key_needles, log_leaks, scan_bytes, table_leaks, workflow_leaks
 
@@ -304,7 +304,7 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-async def lab(temporal: devstack.TemporalDevServer) -> AsyncIterator[Lab]:
+async def lab(temporal: servers.TemporalDevServer) -> AsyncIterator[Lab]:
     client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
     task_queue = f"leak-detector-{uuid.uuid4().hex[:8]}"
     await client.operator_service.add_search_attributes(

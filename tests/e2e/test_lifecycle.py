@@ -35,12 +35,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from temporalio.client import WorkflowExecutionStatus
 
-from certflow.dev import devstack
+from devstack import servers
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
-from certflow.db import create_pool
-from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
+from certflow.store.db import create_pool
+from devstack.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.models import CertificateState
-from certflow.serving import SniCertificates
+from certflow.edge.serving import SniCertificates
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.hostnames import normalize_hostname
@@ -445,10 +445,10 @@ class ProxiedDeployment:
     """Its own Pebble (only one worker per Pebble can own its HTTP-01 port), a fault
     proxy in front serving ARI, its own database and worker, on the session Temporal."""
 
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     proxy: FaultProxy
     env: dict[str, str]
-    worker: devstack.WorkerProcess
+    worker: servers.WorkerProcess
     encryption_key: EncryptionKey
     ari_window: tuple[datetime.datetime, datetime.datetime]
     client: CertflowClient
@@ -465,13 +465,13 @@ class ProxiedDeployment:
 
 @pytest.fixture
 async def proxied(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[[], str],
     tmp_path: Path,
 ) -> AsyncIterator[ProxiedDeployment]:
     """A fresh one per test: Pebble 2.4.0 wedges once a deactivated authorization's
     validation completes (see the cancel-while-polling test), so none is shared."""
-    pebble = devstack.start_pebble(tmp_path / "pebble", nonce_reject_percent=0)
+    pebble = servers.start_pebble(tmp_path / "pebble", nonce_reject_percent=0)
     proxy = start_fault_proxy(pebble, tmp_path / "pebble")
     try:
         # The worker reads the directory once, at start: advertise ARI first.
@@ -480,7 +480,7 @@ async def proxied(
             now + datetime.timedelta(hours=2), now + datetime.timedelta(hours=4), retry_after="3600"
         )
         raw_key = secrets.token_bytes(32)
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=new_database(),
@@ -500,7 +500,7 @@ async def proxied(
                 "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
             },
         )
-        worker = devstack.start_worker(tmp_path, env, name="worker-proxied")
+        worker = servers.start_worker(tmp_path, env, name="worker-proxied")
         try:
             client = await CertflowClient.connect(
                 ClientSettings(

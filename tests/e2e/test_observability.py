@@ -21,10 +21,10 @@ import uuid
 import pytest
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
-from certflow import cooldown
+from certflow.store import cooldowns
 from certflow.client import CertflowClient
 from certflow.crypto import EncryptionKey
-from certflow.dev import devstack
+from devstack import servers
 from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment, worker_log_after_sentinel
 from tests.leaks import key_needles, log_leaks, scan_bytes
@@ -146,7 +146,7 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
     directory = env["CERTFLOW_ACME_DIRECTORY_URL"]
     # Long enough that no refresh, however late on a loaded machine, can miss it:
     # the gauge follows the cooldown in, then its clearing out.
-    until = await cooldown.extend_cooldown(
+    until = await cooldowns.extend_cooldown(
         db, directory, LimitScope.ACCOUNT, "", "NewOrdersPerAccount", 600,
         "urn:ietf:params:acme:error:rateLimited", "test",
     )
@@ -158,7 +158,7 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
         stamp = _value(_scrape(env), "certmanager_certificate_acme_cooldown_until_timestamp_seconds")
         assert abs(stamp - until.timestamp()) < 1
     finally:
-        await cooldown.clear_cooldowns(db)
+        await cooldowns.clear_cooldowns(db)
     deadline = time.monotonic() + 60
     while _value(_scrape(env), "certmanager_certificate_acme_cooldown") != 0:
         assert time.monotonic() < deadline, "cooldown gauge never went back to 0"
@@ -219,7 +219,7 @@ async def test_worker_logs_are_json_lines_without_key_material(
         assert time.monotonic() < deadline, "the DNS failure was never logged"
         await asyncio.sleep(0.2)
     text = deployment.worker.log.read_text()
-    findings = log_leaks(text, key_needles(*devstack.captured_keys(deployment.key_capture)))
+    findings = log_leaks(text, key_needles(*servers.captured_keys(deployment.key_capture)))
     assert not findings, "\n".join(findings[:10])
     lines = [line for line in text.splitlines() if line.strip()]
     parsed = [json.loads(line) for line in lines]  # every line is one JSON object
@@ -284,4 +284,4 @@ async def test_search_attributes_find_the_right_workflows(
         "__temporal_workflow_metadata", result_type=WorkflowMetadata
     )
     assert "PENDING" in metadata.current_details and "DNS_CNAME" in metadata.current_details
-    assert not scan_bytes(metadata.current_details, key_needles(*devstack.captured_keys(deployment.key_capture)))
+    assert not scan_bytes(metadata.current_details, key_needles(*servers.captured_keys(deployment.key_capture)))

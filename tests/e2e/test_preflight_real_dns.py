@@ -30,7 +30,7 @@ need nothing restored.
 
 Shown once by hand (not kept as tests, which would need product code changed):
 
-- With ``find_caa_set`` in activities/dns_checks.py made to ignore the CNAME
+- With ``find_caa_set`` in certflow/dns/caa.py made to ignore the CNAME
   chain (its lookup's answer passed on without the chain, so the edge's CAA
   records look owned by a name off the chain and are dropped), case 1 goes red
   (both variants): the walk finds no CAA on ``shop.c1-….test``, ``c1-….test``
@@ -74,9 +74,9 @@ from cryptography import x509
 
 from certflow.client import CertflowClient
 from certflow.contract import DOMAIN_CHECK_WORKFLOW
-from certflow.dev import devstack, realdns
-from certflow.dev.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
-from certflow.dev.realdns import RealDns
+from devstack import realdns, servers
+from devstack.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
+from devstack.realdns import RealDns
 from certflow.errors import ErrorCode
 from certflow.models import CertificateState, CertificateStatus, Phase
 from certflow.settings import ClientSettings
@@ -220,14 +220,14 @@ class CaLog:
 @dataclass
 class DnsStack:
     dns: RealDns
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     proxy: FaultProxy
     ca: CaLog
-    temporal: devstack.TemporalDevServer
+    temporal: servers.TemporalDevServer
     database_url: str
     envs: dict[str, dict[str, str]]
     """Worker name → its environment: ``main``, ``routed``, ``unchecked``."""
-    workers: list[devstack.WorkerProcess] = field(default_factory=list)
+    workers: list[servers.WorkerProcess] = field(default_factory=list)
 
     @property
     def http01_port(self) -> int:
@@ -259,7 +259,7 @@ class DnsStack:
 
 @pytest.fixture(scope="module")
 def stack(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[DnsStack]:
@@ -273,7 +273,7 @@ def stack(
             dns.set_a(DEAD, [NOWHERE])
         # No authorization reuse: an authorization the proxy failed (case 10) must not
         # come back, valid, in the next order (Boulder never reuses an invalid one).
-        pebble = devstack.start_pebble(
+        pebble = servers.start_pebble(
             workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
         )
         cleanup.callback(pebble.stop)
@@ -285,7 +285,7 @@ def stack(
         port = pebble.http01_port
 
         def environment(name: str, cname_target: str, listen: str, **extra: str) -> dict[str, str]:
-            return devstack.certflow_environment(
+            return servers.certflow_environment(
                 pebble=pebble,
                 temporal_address=temporal.address,
                 database_url=database_url,
@@ -312,7 +312,7 @@ def stack(
                 # Only the loopback "hosts" the cases use: any other is reserved, as
                 # every loopback address is to a real CA.
                 CERTFLOW_HTTP01_ALLOW_RESERVED=ROUTED_HOSTS,
-                CERTFLOW_METRICS_LISTEN=f"127.0.0.1:{devstack.free_port()}",
+                CERTFLOW_METRICS_LISTEN=f"127.0.0.1:{servers.free_port()}",
             ),
             "unchecked": environment(
                 "unchecked",
@@ -325,7 +325,7 @@ def stack(
         }
         result = DnsStack(dns, pebble, proxy, ca, temporal, database_url, envs)
         for name, env in envs.items():  # main first: it registers the ACME account
-            worker = devstack.start_worker(workdir / "workers", env, name=name)
+            worker = servers.start_worker(workdir / "workers", env, name=name)
             cleanup.callback(worker.stop)
             result.workers.append(worker)
         yield result

@@ -24,13 +24,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from certflow import certificates, cooldown
+from certflow.store import certificates, cooldowns
 from certflow.crypto import CertificateInfo, EncryptionKey
-from certflow.db import create_pool, migrate
+from certflow.store.db import create_pool, migrate
 from certflow.metrics import CertflowMetrics
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, OpenedOrder, OrderKind, Outcome
-from certflow.serving import SniCertificates
+from certflow.edge.serving import SniCertificates
 
 pytestmark = pytest.mark.e2e
 
@@ -186,7 +186,7 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     await certificates.mark_expired(db, cert_id)
     await certificates.current_certificate_pem(db, cert_id)
     await certificates.order_kind(db, hostname)
-    await cooldown.applicable_cooldowns(db, "https://ca.test/dir", hostname, "t254.test", OrderKind.NEW)
+    await cooldowns.applicable_cooldowns(db, "https://ca.test/dir", hostname, "t254.test", OrderKind.NEW)
     # The responder and the product's reads.
     await certificates.challenge_key_authorization(db, "tok4240", pending)
     await certificates.certificate_state(db, hostname)

@@ -1,6 +1,6 @@
 """Let's Encrypt's rate limits as scopes, end to end: a real worker, Postgres, the
 Temporal dev server and Pebble, with the fault proxy's limits emulator playing
-Boulder's buckets in front of Pebble (certflow/dev/faultproxy.py ``emulate_limits``).
+Boulder's buckets in front of Pebble (devstack/faultproxy.py ``emulate_limits``).
 
 Each scenario has its own Pebble, proxy, database, task queue and worker
 (``build_stack``), waits on conditions (statuses, the emulator's decisions), prints
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from certflow.client import CertflowClient
-from certflow.dev import devstack
-from certflow.dev.faultproxy import (
+from devstack import servers
+from devstack.faultproxy import (
     CERTIFICATES_PER_DOMAIN,
     NEW_ORDERS_PER_ACCOUNT,
     Bucket,
@@ -124,7 +124,7 @@ class Scenario:
 @asynccontextmanager
 async def scenario(
     workdir: Path,
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     database_url: str,
     limits: LimitsConfig,
     *,
@@ -144,7 +144,7 @@ async def scenario(
             # renewalInfo there (same database, so the same ACME account).
             stack.worker.stop()
             stack.worker = await asyncio.to_thread(
-                devstack.start_worker, stack.workdir, stack.env, name="worker-ari"
+                servers.start_worker, stack.workdir, stack.env, name="worker-ari"
             )
         proxy.emulate_limits(limits)
         client = await connect_client(stack)
@@ -355,7 +355,7 @@ async def _renew_during_cooldown(sc: Scenario, hosts: list[str]) -> list[_Renewa
 
 
 async def test_a_registered_domain_cooldown_holds_its_domain_only(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path: Path,
 ) -> None:
@@ -388,7 +388,7 @@ async def test_a_registered_domain_cooldown_holds_its_domain_only(
     as they would at Let's Encrypt, and nothing is ever refused (tried: no refusal
     in 180 s).
 
-    Shown to fail: with ``_typed`` (activities/acme_orders.py) recording every
+    Shown to fail: with ``_typed`` (certflow/acme/orders.py) recording every
     cooldown as ``LimitScope.ACCOUNT``, each bigcorp refusal held every tenant: the
     20 others' p95 was 78.9 s against a baseline of 11.2 s (7.06×) and the p95
     assertion failed (the snapshot showed ``('account', '', 'CertificatesPerDomain')``).
@@ -550,7 +550,7 @@ async def _waiters_on(
 
 
 async def test_b_account_cooldown_ends_without_a_herd(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path: Path,
 ) -> None:

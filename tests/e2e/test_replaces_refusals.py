@@ -28,9 +28,9 @@ import asyncpg
 import pytest
 
 from certflow.client import CertflowClient
-from certflow.db import create_pool
-from certflow.dev import devstack
-from certflow.dev.faultproxy import Arriving, Endpoint, Fault, FaultProxy, start_fault_proxy
+from certflow.store.db import create_pool
+from devstack import servers
+from devstack.faultproxy import Arriving, Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.models import CertificateState, CertificateStatus
 from certflow.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
@@ -66,7 +66,7 @@ class Orders:
 
 @dataclass
 class ReplacesStack:
-    pebble: devstack.PebbleStack
+    pebble: servers.PebbleStack
     proxy: FaultProxy
     client: CertflowClient
     db: asyncpg.Pool
@@ -78,14 +78,14 @@ class ReplacesStack:
         return host
 
 
-Servers = tuple[devstack.PebbleStack, FaultProxy, dict[str, str], Orders]
+Servers = tuple[servers.PebbleStack, FaultProxy, dict[str, str], Orders]
 
 
 @contextlib.contextmanager
 def _started(
-    temporal: devstack.TemporalDevServer, database_url: str, workdir: Path
+    temporal: servers.TemporalDevServer, database_url: str, workdir: Path
 ) -> Iterator[Servers]:
-    pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=0)
+    pebble = servers.start_pebble(workdir / "pebble", nonce_reject_percent=0)
     proxy = start_fault_proxy(pebble, workdir / "pebble")
     orders = Orders()
     remove = proxy.before_forwarding(Endpoint.NEW_ORDER, orders.record)
@@ -93,7 +93,7 @@ def _started(
         now = datetime.datetime.now(UTC)
         # Inside the window from now on: every renewal is an ARI renewal.
         proxy.serve_renewal_info(now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30))
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=database_url,
@@ -109,7 +109,7 @@ def _started(
                 "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
             },
         )
-        worker = devstack.start_worker(workdir / "workers", env, name="worker-replaces")
+        worker = servers.start_worker(workdir / "workers", env, name="worker-replaces")
         try:
             yield pebble, proxy, env, orders
         finally:
@@ -141,7 +141,7 @@ async def _connected(servers: Servers) -> AsyncIterator[ReplacesStack]:
 
 @pytest.fixture(scope="module")
 def _servers(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Servers]:
@@ -157,7 +157,7 @@ async def stack(_servers: Servers) -> AsyncIterator[ReplacesStack]:
 
 @pytest.fixture
 async def own_stack(
-    temporal: devstack.TemporalDevServer,
+    temporal: servers.TemporalDevServer,
     new_database: Callable[..., str],
     tmp_path: Path,
 ) -> AsyncIterator[ReplacesStack]:

@@ -10,11 +10,11 @@ import asyncpg
 import httpx
 import pytest
 
-from certflow import certificates
-from certflow.db import create_pool, migrate
-from certflow.dev.devstack import free_port
+from certflow.store import certificates
+from certflow.store.db import create_pool, migrate
+from devstack.servers import free_port
 from certflow.models import OpenedOrder
-from certflow.responder import ChallengeResponder, bind_listener, responder_server
+from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
 
 TOKEN = "tok_" + "A" * 39
 KEY_AUTH = TOKEN + ".thumbprint"

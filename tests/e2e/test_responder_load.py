@@ -253,7 +253,7 @@ if __name__ == "__main__":
 import asyncpg  # noqa: E402 (the generator above must not need these)
 import pytest  # noqa: E402
 
-from certflow import certificates  # noqa: E402
+from certflow.store import certificates  # noqa: E402
 from certflow.client import CertflowClient  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     Deployment,
@@ -357,7 +357,7 @@ def _responder_errors(new_log: bytes) -> list[str]:
             problems.append(raw.decode(errors="replace")[:300])
             continue
         text = json.dumps(entry)
-        if str(entry.get("logger", "")).startswith(("uvicorn", "certflow.responder")) or "responder.py" in text:
+        if str(entry.get("logger", "")).startswith(("uvicorn", "certflow.edge.responder")) or "responder.py" in text:
             if entry.get("level") in ("error", "critical") or "exception" in entry:
                 problems.append(text[:300])
     return problems

@@ -21,10 +21,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.acme_client import AcmeClients, ensure_account
-from activities.acme_orders import AcmeActivities
-from activities.dns_checks import DnsActivities, DnsChecker
-from certflow import certificates
+from certflow.acme.client import AcmeClients, ensure_account
+from activities.acme import AcmeActivities
+from certflow.acme.orders import Issuers
+from certflow.metrics import CertflowMetrics
+from activities.dns import DnsActivities
+from certflow.dns.checks import DnsChecker
+from certflow.store import certificates
 from certflow.models import (
     AcceptChallengeInput,
     CheckDnsInput,
@@ -91,10 +94,12 @@ async def test_step_spans_carry_hostname_certificate_and_error_data(
 
     issuer = deployment.pebble.issuer()
     account = await ensure_account(db, issuer, None, deployment.encryption_key)
-    acme = AcmeActivities(
+    metrics = CertflowMetrics()
+    issuers = Issuers(
         AcmeClients(account, issuer), db, deployment.encryption_key, KeyType.EC256,
-        ThreadPoolExecutor(max_workers=2),
+        ThreadPoolExecutor(max_workers=2), metrics,
     )
+    acme = AcmeActivities(issuers, db, metrics)
     record = await certificates.ensure_certificate(db, hostname, None, None)
     try:
         await _issue_in_process(env, acme, db, record.certificate_id, hostname)

@@ -13,7 +13,7 @@ from temporalio.client import WorkflowExecutionStatus
 from activities.webhooks import SIGNATURE_HEADER, verify
 from certflow.client import CertflowClient
 from certflow.contract import webhook_workflow_id
-from certflow.dev import devstack
+from devstack import servers
 from tests.e2e.conftest import WEBHOOK_SECRET, Deployment, WebhookAttempt, WebhookReceiver
 from tests.leaks import key_needles, scan_bytes
 
@@ -59,7 +59,7 @@ async def test_issued_renewed_and_canceled_are_delivered_signed(
     for headers, body in webhooks.raw_for(hostname):
         assert verify(WEBHOOK_SECRET.encode(), headers[SIGNATURE_HEADER], body)
         assert not verify(b"another secret", headers[SIGNATURE_HEADER], body)
-        assert not scan_bytes(body, key_needles(*devstack.captured_keys(deployment.key_capture)))
+        assert not scan_bytes(body, key_needles(*servers.captured_keys(deployment.key_capture)))
 
 
 # workflows/webhooks.py: RetryPolicy(initial_interval=timedelta(seconds=5), ...) of the

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import serialization
 
 from certflow.client import CertflowClient
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
-from certflow.dev.faultproxy import Endpoint, FaultProxy, Forwarded
+from devstack.faultproxy import Endpoint, FaultProxy, Forwarded
 from certflow.models import CertificateState
 from tests.e2e.fault_fixtures import (
     Stack,
@@ -177,10 +177,10 @@ async def test_a_worker_killed_after_the_ca_finalized_pairs_the_order_with_its_s
     finalize, the row ACTIVE, the stored key matching the leaf.
 
     Checked: with ``store_pending_key`` moved after the finalize call in
-    activities/acme_orders.py ``_finalize_and_store``, the test failed: the restarted
+    certflow/acme/orders.py ``IssuerOrders.finalize``, the test failed: the restarted
     worker found the order finalized with no stored key, so a second order was
     created (2 orders, 2 finalizes). Reverted by hand; ``git diff
-    activities/acme_orders.py`` then showed nothing of that edit.
+    certflow/acme/orders.py`` then showed nothing of that edit.
     """
     stack = fault_stack
     hostname = stack.hostname("killed-finalize")

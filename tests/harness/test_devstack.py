@@ -27,13 +27,13 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client
 
-from certflow.dev import devstack
-from certflow.dev.devstack import PebbleStack, StackError
+from devstack import servers
+from devstack.servers import PebbleStack, StackError
 
 
 @pytest.fixture(scope="module")
 def pebble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PebbleStack]:
-    stack = devstack.start_pebble(tmp_path_factory.mktemp("pebble"))
+    stack = servers.start_pebble(tmp_path_factory.mktemp("pebble"))
     yield stack
     stack.stop()
 
@@ -51,7 +51,7 @@ def _records(stack: PebbleStack, name: str, rdtype: str) -> list[str]:
 
 
 def test_free_port_is_bindable() -> None:
-    port = devstack.free_port()
+    port = servers.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
 
@@ -115,11 +115,11 @@ def test_missing_binary_names_the_install_command(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StackError, match="apt-get install pebble"):
-        devstack.start_pebble(tmp_path)
+        servers.start_pebble(tmp_path)
 
 
 async def test_temporal_dev_server_keeps_state_across_restart(tmp_path: Path) -> None:
-    server = devstack.start_temporal(tmp_path, search_attributes={"CertflowHostname": "Keyword"})
+    server = servers.start_temporal(tmp_path, search_attributes={"CertflowHostname": "Keyword"})
     try:
         client = await Client.connect(server.address)
         await client.workflow_service.register_namespace(
@@ -141,7 +141,7 @@ async def test_temporal_dev_server_keeps_state_across_restart(tmp_path: Path) ->
 
 
 async def test_embedded_postgres_and_create_database(tmp_path: Path) -> None:
-    server = devstack.start_embedded_postgres(tmp_path)
+    server = servers.start_embedded_postgres(tmp_path)
     try:
         conn = await asyncpg.connect(server.url)
         try:
@@ -150,8 +150,8 @@ async def test_embedded_postgres_and_create_database(tmp_path: Path) -> None:
             await conn.close()
 
         # Called from inside a running loop on purpose: that is how async tests use it.
-        url = devstack.create_database(server.url, "devstack_test")
-        url = devstack.create_database(server.url, "devstack_test")  # drop + recreate works
+        url = servers.create_database(server.url, "devstack_test")
+        url = servers.create_database(server.url, "devstack_test")  # drop + recreate works
         conn = await asyncpg.connect(url)
         try:
             assert await conn.fetchval("SELECT current_database()") == "devstack_test"

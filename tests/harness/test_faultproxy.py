@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from josepy import json_util
 from josepy.jwk import JWKEC
 
-from activities.acme_client import classify_acme_failure
-from certflow.dev import devstack
-from certflow.dev.devstack import PebbleStack
-from certflow.dev.faultproxy import (
+from certflow.acme.client import classify_acme_failure
+from devstack import servers
+from devstack.servers import PebbleStack
+from devstack.faultproxy import (
     CERTIFICATES_PER_DOMAIN,
     NEW_ORDERS_PER_ACCOUNT,
     Bucket,
@@ -53,7 +53,7 @@ def pebble_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pebble(pebble_dir: Path) -> Iterator[PebbleStack]:
     # va_always_valid lets the full-issuance test finish without an HTTP-01 responder.
-    stack = devstack.start_pebble(pebble_dir, nonce_reject_percent=0, va_always_valid=True)
+    stack = servers.start_pebble(pebble_dir, nonce_reject_percent=0, va_always_valid=True)
     try:
         yield stack
     finally:

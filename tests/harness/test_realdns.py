@@ -1,4 +1,4 @@
-"""Knot + Unbound (certflow.dev.realdns) give the DNS semantics the suites rely on.
+"""Knot + Unbound (devstack.realdns) give the DNS semantics the suites rely on.
 
 Every query here goes to ``RealDns.resolver`` (Unbound, recursion desired), the
 address certflow and Pebble are pointed at, unless it says Knot. Nothing is
@@ -34,9 +34,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from josepy.jwk import JWKEC
 
-from certflow.dev import devstack, realdns
-from certflow.dev.devstack import PebbleStack, StackError
-from certflow.dev.realdns import RealDns
+from devstack import realdns, servers
+from devstack.servers import PebbleStack, StackError
+from devstack.realdns import RealDns
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def real_dns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealDns]:
 
 @pytest.fixture(scope="module")
 def pebble(real_dns: RealDns, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PebbleStack]:
-    stack = devstack.start_pebble(
+    stack = servers.start_pebble(
         tmp_path_factory.mktemp("pebble-realdns"),
         nonce_reject_percent=0,
         dns_server=real_dns.resolver,

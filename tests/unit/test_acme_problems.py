@@ -1,4 +1,4 @@
-"""What the CA's problem documents mean (activities/acme_problems.py), on real
+"""What the CA's problem documents mean (certflow/acme/problems.py), on real
 Let's Encrypt (Boulder) answers.
 
 Every detail below is Boulder's format string filled in as Boulder fills it; the
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from acme import messages
 
-from activities.acme_client import HttpStatusError, classify_acme_failure
-from activities.acme_problems import (
+from certflow.acme.client import HttpStatusError, classify_acme_failure
+from certflow.acme.problems import (
     LIMIT_ANCHORS,
     Effect,
     LimitScope,
@@ -559,7 +559,7 @@ def test_new_codes_have_user_messages() -> None:
 def test_every_error_code_is_admitted_by_the_schema() -> None:
     """The last migration that lists provisioning_error's codes lists every ErrorCode."""
     migrations = sorted(
-        (entry for entry in (resources.files("certflow") / "migrations").iterdir()
+        (entry for entry in (resources.files("certflow.store") / "migrations").iterdir()
          if entry.name.endswith(".sql")),
         key=lambda entry: int(entry.name.split("_", 1)[0]),
     )

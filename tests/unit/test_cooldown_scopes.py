@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from activities.acme_orders import _scope_key
-from certflow.cooldown import holds
+from certflow.acme.orders import _scope_key
+from certflow.store.cooldowns import holds
 from certflow.models import LimitScope, OrderKind
 
 LIMITS = [

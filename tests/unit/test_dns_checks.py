@@ -15,24 +15,22 @@ import dns.message
 import dns.rdatatype
 import pytest
 
-from activities.dns_checks import (
+from certflow.dns.caa import (
     CaaAnswer,
     CaaAnswerSet,
     CaaIssuer,
     CaaRecord,
     CaaSet,
-    CnameAnswer,
-    DnsChecker,
-    DnsLookupError,
     caa_allows,
     caa_decision,
     caa_lookup_names,
     check_caa,
     find_caa_set,
-    follow_cname_chain,
     parse_caa_response,
-    parse_resolver_address,
 )
+from certflow.dns.lookup import CnameAnswer, DnsLookupError, parse_resolver_address
+from certflow.dns.checks import DnsChecker
+from certflow.dns.cname import follow_cname_chain
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode
 
 LE = "letsencrypt.org"

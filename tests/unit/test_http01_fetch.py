@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from activities.dns_checks import DnsLookupError
-from activities.http01_fetch import Http01Fetcher, Http01Unreachable, trimmed_payload
-from certflow.reserved_addresses import AddressPolicy, reserved_reason
+from certflow.dns.lookup import DnsLookupError
+from certflow.dns.http01 import Http01Fetcher, Http01Unreachable, trimmed_payload
+from certflow.dns.reserved import AddressPolicy, reserved_reason
 
 TOKEN = "tok-en_123"
 KEY_AUTH = f"{TOKEN}.thumbprint-ABC"

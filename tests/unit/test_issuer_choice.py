@@ -15,16 +15,16 @@ from josepy.b64 import b64decode
 from josepy.jwk import JWKEC
 from pydantic import SecretStr
 
-from activities.acme_client import external_account_binding
-from activities.dns_checks import (
+from certflow.acme.client import external_account_binding
+from certflow.dns.caa import (
     CaaAnswer,
     CaaAnswerSet,
     CaaIssuer,
     CaaRecord,
-    CnameAnswer,
-    DnsChecker,
     allowed_issuers,
 )
+from certflow.dns.lookup import CnameAnswer
+from certflow.dns.checks import DnsChecker
 from certflow.errors import DnsCheckError, ErrorCode
 from certflow.issuers import ExternalAccountBinding
 from certflow.models import CertificateStatus

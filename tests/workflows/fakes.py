@@ -3,7 +3,7 @@
 Every activity the workflow calls by name is replaced by a plain async function
 registered under that name, taking and returning the real payload models. The
 fakes share one :class:`Row` (the certificate row as Postgres would hold it)
-and apply the same guarded transitions the SQL in ``certflow/certificates.py``
+and apply the same guarded transitions the SQL in ``certflow/store/certificates.py``
 applies, so the workflow sees what it would see against Postgres: after
 ``finalize_and_store`` the row is ACTIVE, so the next run's
 ``ensure_certificate`` answers ACTIVE and the workflow waits for the renewal

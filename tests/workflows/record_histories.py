@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from certflow.dev import devstack
-from certflow.dev.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
+from devstack import servers
+from devstack.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.models import CertificateState
@@ -81,7 +81,7 @@ async def _export(client: CertflowClient, hostname: str, scenario: str) -> None:
 
 
 async def _scenarios(
-    client: CertflowClient, pebble: devstack.PebbleStack, proxy: FaultProxy
+    client: CertflowClient, pebble: servers.PebbleStack, proxy: FaultProxy
 ) -> None:
     scenarios: dict[str, Callable[[str], Awaitable[None]]] = {}
 
@@ -161,9 +161,9 @@ async def _scenarios(
 
 
 async def _main(workdir: Path) -> None:
-    postgres = devstack.start_embedded_postgres(workdir / "postgres")
-    temporal = devstack.start_temporal(workdir / "temporal")
-    pebble = devstack.start_pebble(workdir / "pebble", nonce_reject_percent=0)
+    postgres = servers.start_embedded_postgres(workdir / "postgres")
+    temporal = servers.start_temporal(workdir / "temporal")
+    pebble = servers.start_pebble(workdir / "pebble", nonce_reject_percent=0)
     proxy = start_fault_proxy(pebble, workdir / "pebble")
     # The CA's ARI, from the start (the worker reads the directory once): a window
     # well ahead, until ari_renewal opens one now.
@@ -171,8 +171,8 @@ async def _main(workdir: Path) -> None:
     proxy.serve_renewal_info(later, later + timedelta(days=2), retry_after="1")
     worker = None
     try:
-        database_url = devstack.create_database(postgres.url, "certflow_replay")
-        env = devstack.certflow_environment(
+        database_url = servers.create_database(postgres.url, "certflow_replay")
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=database_url,
@@ -189,7 +189,7 @@ async def _main(workdir: Path) -> None:
                 "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
             },
         )
-        worker = devstack.start_worker(workdir / "worker", env)
+        worker = servers.start_worker(workdir / "worker", env)
         client = await CertflowClient.connect(
             ClientSettings(database_url=database_url, temporal_address=temporal.address)
         )

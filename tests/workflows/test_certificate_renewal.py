@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
@@ -29,7 +28,6 @@ from .fakes import (
     Fakes,
     acme_temporary_error,
     active_row,
-    returns,
     started,
 )
 

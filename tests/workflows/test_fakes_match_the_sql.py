@@ -2,7 +2,7 @@
 
 The workflow tests run the Certificate workflow against the in-memory fakes of
 ``tests/workflows/fakes.py``, which re-implement the guarded transitions of
-``certflow/certificates.py``. A fake guard the SQL does not have would let a
+``certflow/store/certificates.py``. A fake guard the SQL does not have would let a
 workflow test pass against behaviour production never shows, so here every
 (start state, transition) pair runs twice from the same starting row: through
 the real activities of ``activities/records.py`` against Postgres, and through
@@ -46,7 +46,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.records import RecordActivities
-from certflow.db import create_pool, migrate
+from certflow.store.db import create_pool, migrate
 from certflow.errors import ErrorCode
 from certflow.models import (
     CertificateRecord,

@@ -38,7 +38,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
 
 
 def _migrations() -> list[tuple[int, str, str]]:
-    files = resources.files("certflow") / "migrations"
+    files = resources.files("certflow.store") / "migrations"
     found = []
     for entry in files.iterdir():
         if entry.name.endswith(".sql"):

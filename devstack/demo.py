@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from certflow.dev import devstack
+from devstack import servers
 from certflow.settings import ClientSettings
 
 DEMO_HOSTNAMES = ("shop.customer-one.test", "trust.customer-two.test", "www.customer-three.test")
@@ -49,22 +49,22 @@ def run_demo(*, keep_running: bool = True) -> int:
         print(f"certflow demo: starting local servers (logs in {workdir})", flush=True)
         database_url = os.environ.get("CERTFLOW_DATABASE_URL")
         if not database_url:
-            postgres = devstack.start_embedded_postgres(workdir / "postgres")
+            postgres = servers.start_embedded_postgres(workdir / "postgres")
             stopping.append(postgres)
-            database_url = devstack.create_database(postgres.url, "certflow")
+            database_url = servers.create_database(postgres.url, "certflow")
         ui_port = TEMPORAL_UI_PORT if _port_free(TEMPORAL_UI_PORT) else None
-        temporal = devstack.start_temporal(workdir / "temporal", ui=True, ui_port=ui_port)
+        temporal = servers.start_temporal(workdir / "temporal", ui=True, ui_port=ui_port)
         stopping.append(temporal)
-        pebble = devstack.start_pebble(workdir / "pebble")
+        pebble = servers.start_pebble(workdir / "pebble")
         stopping.append(pebble)
-        env = devstack.certflow_environment(
+        env = servers.certflow_environment(
             pebble=pebble,
             temporal_address=temporal.address,
             database_url=database_url,
             encryption_key=base64.b64encode(secrets.token_bytes(32)).decode(),
             cname_target=DEMO_CNAME_TARGET,
         )
-        worker = devstack.start_worker(workdir / "worker", env)
+        worker = servers.start_worker(workdir / "worker", env)
         stopping.append(worker)
         for hostname in DEMO_HOSTNAMES:
             pebble.set_cname(hostname, DEMO_CNAME_TARGET)
@@ -94,7 +94,7 @@ def run_demo(*, keep_running: bool = True) -> int:
             signal.sigwait(stop_signals)
             print("stopping…", flush=True)
         return 0 if all_active else 1
-    except devstack.StackError as err:
+    except servers.StackError as err:
         print(f"certflow demo: {err}", file=sys.stderr)
         return 1
     finally:

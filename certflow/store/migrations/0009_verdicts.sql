@@ -23,14 +23,14 @@ ALTER TABLE certificates ADD COLUMN replaces_failing_since timestamptz;
 -- certificate an hour old or less whose ARI window is already open renews once.
 ALTER TABLE certificates ADD COLUMN ssl_issued_at timestamptz;
 
--- The change feed follows commits, not ids (certflow/changes.py): each event carries
+-- The change feed follows commits, not ids (certflow/store/changes.py): each event carries
 -- its transaction's id. Older events keep NULL (no table rewrite); the feed starts
 -- after them.
 ALTER TABLE certificate_events ADD COLUMN xid xid8;
 ALTER TABLE certificate_events ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
 CREATE INDEX certificate_events_xid ON certificate_events (xid);
 
--- certificate_events has a retention (certflow/event_retention.py): how far a pass
+-- certificate_events has a retention (certflow/store/events.py): how far a pass
 -- has pruned, so the next starts there.
 CREATE TABLE event_retention (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),

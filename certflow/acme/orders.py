@@ -1,10 +1,11 @@
-"""ACME activities: create the order, accept the challenge, wait for the order,
-finalize and store.
+"""One CA's orders, from new-order to the stored certificate (``IssuerOrders``),
+and the configured CAs they belong to (``Issuers``).
 
 The blocking ``acme`` calls run on a thread; the waiting, heartbeats and
 Postgres writes stay on the event loop. A new private key is generated,
 encrypted and bound to the order in Postgres before finalize, and never leaves
-this module (SPEC §5).
+this module (SPEC §5). The Temporal activities that call these are in
+activities/acme.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
-import requests
 from acme import challenges, messages
 from acme import client as acme_client
 from acme.client import _renewal_info_path_component  # acme's RFC 9773 certificate id
@@ -27,24 +27,24 @@ from cryptography import x509
 from josepy import json_util
 from temporalio import activity
 
-from activities.acme_client import (
+from certflow.acme.client import (
     DEFAULT_RATE_LIMIT_SECONDS,
     AcmeClients,
     classify_acme_failure,
     parse_retry_after,
 )
-from activities.acme_problems import (
+from certflow.acme.problems import (
     UNKNOWN_LIMIT,
     ReplacesRefusal,
     challenge_failure,
     problem_suffix,
     replaces_refusal,
 )
-from activities.pacing import PollPacer
-from activities.renewal_info import fetch_renewal_info, next_check, renewal_info_url
-from certflow import accounts, certificates, cooldown
+from certflow.acme.pacing import PollPacer
+from certflow.acme.ari import fetch_renewal_info, next_check, renewal_info_url
+from certflow.store import accounts, certificates, cooldowns
 from certflow.hostnames import registered_domain
-from certflow.order_slots import NoOrderSlotError, order_slot
+from certflow.acme.slots import NoOrderSlotError, order_slot
 from certflow.crypto import (
     CertificateInfo,
     DecryptionError,
@@ -57,17 +57,14 @@ from certflow.crypto import (
     public_key_matches,
     split_fullchain,
 )
-from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_application_error
+from certflow.errors import AcmeProblemError, CertflowError, ErrorCode
 from certflow.metrics import CertflowMetrics
-from certflow.tracing import step_span
 from certflow.models import (
     Cooldown,
     LimitScope,
     OrderKind,
     ISSUABLE,
     AcmeStatus,
-    AcceptChallengeInput,
-    CreateOrderInput,
     FinalizeInput,
     IssuedCertificate,
     OpenedOrder,
@@ -242,7 +239,7 @@ class IssuerOrders:
         if scope is not LimitScope.ACCOUNT and hostname is None:
             return err  # no key for the scope: the order waits, nothing else is held
         if seconds > 0:
-            until = await cooldown.extend_cooldown(
+            until = await cooldowns.extend_cooldown(
                 self._pool,
                 self._directory_url,
                 scope,
@@ -260,20 +257,20 @@ class IssuerOrders:
         response = client.net.post(url, None, new_nonce_url=self._clients.new_nonce_url)
         return _Fetched(response.json(), parse_retry_after(response.headers.get("Retry-After")))
 
-    async def cooldown_remaining(self, hostname: str, kind: OrderKind) -> float:
+    async def cooldown_left(self, hostname: str, kind: OrderKind) -> float:
         """Seconds left of this issuer's rate-limit cooldowns that hold back an order
         of this kind for hostname (0 when none)."""
-        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
+        held = cooldowns.longest(await self._cooldowns_for(hostname, kind))
         return max(0.0, held.until.timestamp() - time.time()) if held else 0.0
 
     async def _cooldowns_for(self, hostname: str, kind: OrderKind) -> list[Cooldown]:
-        return await cooldown.applicable_cooldowns(
+        return await cooldowns.applicable_cooldowns(
             self._pool, self._directory_url, hostname, registered_domain(hostname), kind
         )
 
     # -- create_order ------------------------------------------------------
 
-    async def create_order(
+    async def new_order(
         self,
         hostname: str,
         kind: OrderKind = OrderKind.NEW,
@@ -307,7 +304,7 @@ class IssuerOrders:
     async def _raise_if_held(self, hostname: str, kind: OrderKind) -> None:
         """ACME_RATE_LIMITED when a cooldown in a scope that applies holds this kind of
         order back: nothing is sent into a bucket known to be empty."""
-        held = cooldown.longest(await self._cooldowns_for(hostname, kind))
+        held = cooldowns.longest(await self._cooldowns_for(hostname, kind))
         if held is None:
             return
         remaining = max(0.0, held.until.timestamp() - time.time())
@@ -441,7 +438,7 @@ class IssuerOrders:
 
     # -- place_order -------------------------------------------------------
 
-    async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
+    async def place(self, input: PlaceOrderInput) -> OpenedOrder:
         # Only a retry can find an order of its own on the row (the workflow calls this
         # when the row had none), so a first try spends no read on it.
         if activity.info().attempt > 1:
@@ -452,7 +449,7 @@ class IssuerOrders:
             await certificates.choose_issuer(
                 self._pool, input.certificate_id, self.name, input.issuer_reason
             )
-        order = await self.create_order(input.hostname, input.kind, input.certificate_id)
+        order = await self.new_order(input.hostname, input.kind, input.certificate_id)
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
         if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
@@ -463,7 +460,7 @@ class IssuerOrders:
 
     # -- accept_challenge --------------------------------------------------
 
-    async def accept_challenge(self, challenge_url: str) -> None:
+    async def accept(self, challenge_url: str) -> None:
         await self._call(lambda client: self._accept(client, challenge_url))
 
     def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> None:
@@ -485,7 +482,7 @@ class IssuerOrders:
 
     # -- wait_for_order ----------------------------------------------------
 
-    async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
+    async def follow(self, input: WaitForOrderInput) -> OrderProgress:
         accepted = await self._accept_once(input)
         try:
             return await self._poll_until_issuable(input, accepted)
@@ -553,7 +550,7 @@ class IssuerOrders:
 
     # -- finalize_and_store --------------------------------------------------
 
-    async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
+    async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
         stored = await certificates.issued_by_order(
             self._pool, input.certificate_id, input.order_url
         )
@@ -683,7 +680,7 @@ class IssuerOrders:
 
     # -- renewal_info (ARI, RFC 9773) -------------------------------------------
 
-    async def renewal_info(self, certificate_id: str) -> RenewalAdvice:
+    async def renewal_advice(self, certificate_id: str) -> RenewalAdvice:
         base_url = self._clients.account.directory_json.get("renewalInfo")
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if not base_url or leaf_pem is None:
@@ -695,7 +692,7 @@ class IssuerOrders:
 
     # -- cancel and delete ------------------------------------------------------
 
-    async def deactivate_authorizations(self, order_url: str) -> None:
+    async def deactivate(self, order_url: str) -> None:
         def deactivate(client: acme_client.ClientV2) -> None:
             order = self._post_as_get(client, order_url).body
             for authz_url in order.get("authorizations") or []:
@@ -709,7 +706,7 @@ class IssuerOrders:
 
         await self._call(deactivate)
 
-    async def revoke_certificate(self, certificate_id: str) -> None:
+    async def revoke(self, certificate_id: str) -> None:
         leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
         if leaf_pem is None:
             return
@@ -725,9 +722,10 @@ class IssuerOrders:
         await self._call(revoke)
 
 
-class AcmeActivities:
-    """The ACME activities, each sent to the issuer its input or its row names (the
-    first configured one for inputs and rows from before issuers)."""
+class Issuers:
+    """The configured CAs, in order of preference, each with its orders; finds the
+    one an activity's input or row names (None: the first configured, for inputs
+    and rows from before issuers)."""
 
     def __init__(
         self,
@@ -736,23 +734,19 @@ class AcmeActivities:
         encryption_key: EncryptionKey,
         key_type: KeyType,
         executor: ThreadPoolExecutor,
-        metrics: CertflowMetrics | None = None,
+        metrics: CertflowMetrics,
         pacing: OrderPacing = OrderPacing(),
     ) -> None:
         listed = [issuers] if isinstance(issuers, AcmeClients) else list(issuers)
         if not listed:
             raise ValueError("at least one issuer is needed")
-        self._pool = pool
-        self._metrics = metrics or CertflowMetrics()
         polls = PollPacer(pacing.polls_per_second)  # one budget for every CA together
         self._orders = [
-            IssuerOrders(
-                clients, pool, encryption_key, key_type, executor, self._metrics, pacing, polls
-            )
+            IssuerOrders(clients, pool, encryption_key, key_type, executor, metrics, pacing, polls)
             for clients in listed
         ]
 
-    def _at(self, name: str | None) -> IssuerOrders:
+    def at(self, name: str | None) -> IssuerOrders:
         """The issuer called ``name`` (None: the first configured)."""
         if name is None:
             return self._orders[0]
@@ -764,13 +758,13 @@ class AcmeActivities:
             message=f"the issuer {name!r} is no longer configured on this worker",
         )
 
-    async def _on(self, name: str | None, call: Callable[[IssuerOrders], Awaitable[T]]) -> T:
+    async def on(self, name: str | None, call: Callable[[IssuerOrders], Awaitable[T]]) -> T:
         """``call`` on the issuer called ``name``, its account registered."""
-        orders = self._at(name)
+        orders = self.at(name)
         await orders.ready()
         return await call(orders)
 
-    def _serving(self, url: str) -> IssuerOrders:
+    def serving(self, url: str) -> IssuerOrders:
         """The issuer whose orders are on the host of ``url`` (an order URL from a
         call that names no issuer), told by its newOrder URL; the first otherwise."""
         origin = urllib.parse.urlsplit(url)[:2]
@@ -778,135 +772,3 @@ class AcmeActivities:
             if orders.order_origin == origin:
                 return orders
         return self._orders[0]
-
-    async def _step(
-        self,
-        phase: str,
-        work: Callable[[], Awaitable[T]],
-        result_of: Callable[[T], str] = lambda _: "ok",
-        span_attributes: dict[str, str | None] | None = None,
-    ) -> T:
-        """Run one activity's work in a span, with metrics by phase and result;
-        typed errors out."""
-        started = time.monotonic()
-        try:
-            with step_span(phase, **(span_attributes or {})):
-                result = await work()
-        except CertflowError as err:
-            limited = err.code is ErrorCode.ACME_RATE_LIMITED
-            self._metrics.step(phase, "rate_limited" if limited else "error", started)
-            raise to_application_error(err) from None
-        self._metrics.step(phase, result_of(result), started)
-        return result
-
-    @activity.defn(name="cooldown_remaining")
-    async def cooldown_remaining(self, hostname: str) -> float:
-        """Seconds left of the rate-limit cooldowns that hold back the next order for
-        hostname at the issuer of its attempt (0 when none): the account's, its
-        registered domain's, its own, less those a renewal at the CA of its
-        certificate is exempt from."""
-        attempt = await certificates.attempt_issuer(self._pool, hostname)
-        try:
-            orders = self._at(attempt.order_issuer)
-            renews_here = attempt.has_certificate and (
-                self._at(attempt.certificate_issuer).name == orders.name
-            )
-        except AcmeProblemError as err:
-            raise to_application_error(err) from None
-        kind = OrderKind.RENEWAL if renews_here else OrderKind.NEW
-        return await orders.cooldown_remaining(hostname, kind)
-
-    @activity.defn(name="create_order")
-    async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
-        """Open a new order for the hostname and pick its http-01 challenge (runs
-        from before the place-order patch). Nothing is sent while a rate-limit
-        cooldown that applies to it holds."""
-        return await self._step(
-            "create_order",
-            lambda: self._on(None, lambda orders: orders.create_order(input.hostname)),
-            span_attributes={"certificate.hostname": input.hostname},
-        )
-
-    @activity.defn(name="place_order")
-    async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
-        """Open a new order at the chosen issuer and persist its challenge, in one
-        step (runs from before the place-order patch call create_order and
-        persist_challenge instead).
-
-        An order an earlier try persisted (its result lost) is returned as it is,
-        never ordered again. Nothing is sent while a rate-limit cooldown that applies
-        to this order holds (SPEC §4: its scope, and the exemptions of renewals).
-        """
-        return await self._step(
-            "create_order",  # the original dashboard's phase label for this step
-            lambda: self._on(input.issuer, lambda orders: orders.place_order(input)),
-            span_attributes={"certificate.hostname": input.hostname, "acme.issuer": input.issuer},
-        )
-
-    @activity.defn(name="accept_challenge")
-    async def accept_challenge(self, input: AcceptChallengeInput) -> None:
-        """Ask the CA to validate. A challenge already validating or valid is success."""
-        await self._step(
-            "accept_challenge",
-            lambda: self._on(input.issuer, lambda orders: orders.accept_challenge(input.challenge_url)),
-        )
-
-    @activity.defn(name="wait_for_order")
-    async def wait_for_order(self, input: WaitForOrderInput) -> OrderProgress:
-        """Poll the order every few tens of milliseconds (heartbeating) until it is
-        ready or valid, or the window ends; with ``accept_first``, accept the
-        challenge first. An invalid order is ACME_INVALID_ORDER."""
-        return await self._step(
-            "poll_order",
-            lambda: self._on(input.issuer, lambda orders: orders.wait_for_order(input)),
-            lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
-            span_attributes={"acme.order_url": input.order_url},
-        )
-
-    @activity.defn(name="finalize_and_store")
-    async def finalize_and_store(self, input: FinalizeInput) -> IssuedCertificate:
-        """Finalize the order with a new key stored beforehand, download the chain,
-        check it matches the key, and make it the current certificate."""
-        return await self._step(
-            "issue_cert",  # the original dashboard's phase label for this step
-            lambda: self._on(input.issuer, lambda orders: orders.finalize_and_store(input)),
-            span_attributes={
-                "certificate.id": input.certificate_id,
-                "certificate.hostname": input.hostname,
-            },
-        )
-
-    @activity.defn(name="renewal_info")
-    async def renewal_info(self, certificate_id: str) -> RenewalAdvice:
-        """The suggested renewal window of the current certificate from the CA that
-        issued it, when its directory advertises ``renewalInfo``. Failures (503 +
-        Retry-After included) only ask to re-check later; they never fail the
-        certificate."""
-        issuer = await certificates.certificate_issuer(self._pool, certificate_id)
-        try:
-            orders = self._at(issuer)
-            await orders.ready()
-        except AcmeProblemError:
-            return RenewalAdvice(recheck_after_seconds=3600)  # ask again later
-        return await orders.renewal_info(certificate_id)
-
-    @activity.defn(name="deactivate_authorizations")
-    async def deactivate_authorizations(self, order_url: str) -> None:
-        """Deactivate the order's authorizations still pending or valid (best effort)."""
-        try:
-            orders = self._serving(order_url)
-            await orders.ready()
-            await orders.deactivate_authorizations(order_url)
-        except CertflowError as err:
-            raise to_application_error(err) from None
-
-    @activity.defn(name="revoke_certificate")
-    async def revoke_certificate(self, certificate_id: str) -> None:
-        """Revoke the current certificate at the CA that issued it (already revoked
-        is success)."""
-        try:
-            orders = self._at(await certificates.certificate_issuer(self._pool, certificate_id))
-            await orders.ready()
-            await orders.revoke_certificate(certificate_id)
-        except CertflowError as err:
-            raise to_application_error(err) from None

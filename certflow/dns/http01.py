@@ -6,7 +6,7 @@ Boulder is the specification (``va/http.go`` ``processHTTPValidation``,
 
 - A and AAAA are looked up together; the fetch fails on DNS only when *both*
   fail (a SERVFAIL, a timeout, no records, or only reserved addresses).
-  Reserved addresses (:mod:`certflow.reserved_addresses`) are dropped.
+  Reserved addresses (:mod:`certflow.dns.reserved`) are dropped.
 - One address is tried: the first AAAA, else the first A. Only a *dial* error
   (nothing accepted the connection) on it — anywhere in the redirect chain —
   falls back, once, to the first A, and the whole fetch starts over from the
@@ -44,9 +44,10 @@ from functools import cache
 
 from publicsuffixlist import PublicSuffixList
 
-from activities.dns_checks import DnsChecker, DnsLookupError
+from certflow.dns.checks import DnsChecker
+from certflow.dns.lookup import DnsLookupError
 from certflow.errors import CertflowError, ErrorCode
-from certflow.reserved_addresses import AddressPolicy, IPAddress
+from certflow.dns.reserved import AddressPolicy, IPAddress
 
 CHALLENGE_PATH = "/.well-known/acme-challenge/"
 MAX_REDIRECTS = 10  # maxRedirect

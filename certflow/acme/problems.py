@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from certflow.cooldown import OVERALL_REQUESTS
+from certflow.store.cooldowns import OVERALL_REQUESTS
 from certflow.errors import AcmeProblemError, ErrorCode
 from certflow.models import LimitScope
 

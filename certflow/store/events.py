@@ -6,7 +6,7 @@ read, so a pass costs the events it prunes, however many there are in all. An
 event goes once it is older than the retention, unless it is its hostname's newest
 (the product's last word on a hostname always stays, a deleted one's included);
 the watermark only ever passes events that were old when it did. The change feed
-(:mod:`certflow.changes`) follows transactions, not old ids, so pruning never
+(:mod:`certflow.store.changes`) follows transactions, not old ids, so pruning never
 makes it skip or repeat anything.
 """
 

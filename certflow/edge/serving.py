@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import ssl
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import asyncpg
 
-from certflow.changes import ChangeFeed
+from certflow.store import served
+from certflow.store.changes import ChangeFeed
+from certflow.store.served import StoredCertificate
 from certflow.crypto import EncryptionKey
 
 log = logging.getLogger(__name__)
@@ -35,40 +37,20 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 5.0
 CONTEXT_CACHE_SIZE = 10_000
 _PAGE = 5_000
-_SERVED = ("ACTIVE", "RENEWING", "EXPIRED", "FAILED")
 
 
 class CertificateNotFoundError(LookupError):
     """No current certificate for that hostname."""
 
 
-@dataclass(frozen=True)
-class _Stored:
-    """What is served for one hostname, as Postgres holds it (the key encrypted)."""
-
-    serial: str
-    leaf_pem: str
-    chain_pem: str
-    encrypted_key: bytes
-
-
-_SELECT = """
-    SELECT hostname::text AS hostname, ssl_serial, ssl_certificate, ssl_certificate_chain,
-           encrypted_ssl_private_key
-    FROM certificates
-    WHERE ssl_certificate IS NOT NULL AND status = ANY($1::text[])
-"""
-
-
 async def load_certificate(
     pool: asyncpg.Pool, hostname: str, key: EncryptionKey
 ) -> tuple[str, bytes]:
     """(chain PEM, key PEM) of hostname's current certificate; the key exists only in memory."""
-    row = await pool.fetchrow(_SELECT + " AND hostname = $2", list(_SERVED), hostname)
-    if row is None:
+    stored = await served.served_certificate(pool, hostname)
+    if stored is None:
         raise CertificateNotFoundError(f"no current certificate for {hostname}")
-    chain = row["ssl_certificate"] + (row["ssl_certificate_chain"] or "")
-    return chain, key.decrypt(bytes(row["encrypted_ssl_private_key"]))
+    return stored.leaf_pem + stored.chain_pem, key.decrypt(stored.encrypted_key)
 
 
 @contextlib.contextmanager
@@ -113,7 +95,7 @@ class SniCertificates:
         self._key = key
         self.refresh_seconds = refresh_seconds
         self.cache_size = cache_size
-        self._stored: dict[str, _Stored] = {}
+        self._stored: dict[str, StoredCertificate] = {}
         self._chains: dict[str, str] = {}  # one copy of each intermediate chain
         self._contexts: OrderedDict[str, ssl.SSLContext] = OrderedDict()
         self._changes = ChangeFeed()
@@ -136,39 +118,28 @@ class SniCertificates:
         after = ""
         while True:
             # Keyset pages in the order of the hostname's unique index.
-            rows = await self._pool.fetch(
-                _SELECT + " AND hostname > $2::citext ORDER BY hostname LIMIT $3",
-                list(_SERVED),
-                after,
-                _PAGE,
-            )
-            for row in rows:
-                self._store(row)
-            if len(rows) < _PAGE:
+            page = await served.served_page(self._pool, after, _PAGE)
+            for stored in page:
+                self._store(stored)
+            if len(page) < _PAGE:
                 break
-            after = rows[-1]["hostname"]
+            after = page[-1].hostname
         return len(self._stored)
 
     async def _reload(self, hostnames: Sequence[str]) -> None:
-        rows = await self._pool.fetch(
-            _SELECT + " AND hostname = ANY($2::citext[])", list(_SERVED), list(hostnames)
-        )
-        found = {r["hostname"] for r in rows}
-        for row in rows:
-            self._store(row)
+        found_now = await served.served_certificates(self._pool, hostnames)
+        found = {stored.hostname for stored in found_now}
+        for stored in found_now:
+            self._store(stored)
         for gone in set(hostnames) - found:  # canceled, deleted, no certificate yet
             self._stored.pop(gone, None)
             self._contexts.pop(gone, None)
 
-    def _store(self, row: asyncpg.Record) -> None:
-        hostname = row["hostname"]
-        chain = row["ssl_certificate_chain"] or ""
-        stored = _Stored(
-            serial=row["ssl_serial"],
-            leaf_pem=row["ssl_certificate"],
-            chain_pem=self._chains.setdefault(chain, chain),
-            encrypted_key=bytes(row["encrypted_ssl_private_key"]),
-        )
+    def _store(self, stored: StoredCertificate) -> None:
+        hostname = stored.hostname
+        # One copy of each intermediate chain, however many hostnames share it.
+        chain = self._chains.setdefault(stored.chain_pem, stored.chain_pem)
+        stored = dataclasses.replace(stored, chain_pem=chain)
         if self._stored.get(hostname) != stored:
             self._stored[hostname] = stored
             self._contexts.pop(hostname, None)  # rebuilt on the next handshake

@@ -132,7 +132,7 @@ from typing import Any
 
 from cryptography import x509
 
-from certflow.dev.devstack import PebbleStack
+from devstack.servers import PebbleStack
 from certflow.hostnames import registered_domain
 
 __all__ = [

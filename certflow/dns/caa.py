@@ -1,87 +1,33 @@
-"""DNS pre-checks before an ACME order (SPEC §3.1): the CNAME chain and CAA.
+"""CAA as Let's Encrypt's Boulder reads it (``va/caa.go``).
 
-The decisions are pure functions over plain data (:func:`caa_decision`,
-:func:`caa_allows`) or over an injected lookup callable
-(:func:`follow_cname_chain`, :func:`find_caa_set`, :func:`check_caa`), so they
-are unit-testable without DNS. :class:`DnsChecker` binds them to real queries
-against the configured resolver with dnspython.
+The relevant RRset of a name is the CAA records in the answer to a CAA query for
+it, the resolver following CNAMEs (RFC 8659 §3), for the hostname and then each
+of *its* parents up to the TLD; the first non-empty set decides. The walk
+(:func:`find_caa_set`) is separate from the decision (:func:`caa_allows`), so one
+walk can be judged for several CAs. Issuer domains compare exactly, as Boulder
+compares them; RFC 8657 ``accounturi`` and ``validationmethods`` apply.
 
-CAA is read the way Let's Encrypt's Boulder reads it (``va/caa.go``): the
-relevant RRset of a name is the CAA records in the answer to a CAA query for
-it, the resolver following CNAMEs (RFC 8659 §3), for the hostname and then
-each of *its* parents up to the TLD; the first non-empty set decides. The walk
-(:func:`find_caa_set`) is separate from the decision (:func:`caa_allows`), so
-one walk can be judged for several CAs.
-
-Failures are :class:`~certflow.errors.DnsCheckError` with code ``DNS_CNAME``,
-``DNS_CAA`` or, for a failed CAA lookup, ``ACME_TEMPORARY`` (SPEC §4).
+The decisions are pure functions over plain data or over an injected lookup, so
+they are unit-testable without DNS. Failures are
+:class:`~certflow.errors.DnsCheckError` with code ``DNS_CAA`` or, for a failed
+lookup, ``ACME_TEMPORARY`` (SPEC §4).
 """
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-import time
 import re
-import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import dns.asyncquery
-import dns.exception
 import dns.message
-import dns.rcode
-import dns.rdataclass
 import dns.rdatatype
 import dns.rdtypes.ANY.CAA
-import dns.rdtypes.ANY.CNAME
-import dns.rrset
 
-from temporalio import activity
-
-from certflow.errors import ConfigError, DnsCheckError, ErrorCode, to_application_error
-from certflow.hostnames import InvalidHostnameError, normalize_hostname
-from certflow.metrics import CertflowMetrics
-from certflow.tracing import step_span
-from certflow.issuers import DEFAULT_ISSUER
-from certflow.models import CheckDnsInput, DnsVerdict
-
-__all__ = [
-    "CNAME_MAX_LOOKUPS",
-    "DNS_TIMEOUT_SECONDS",
-    "VALIDATION_METHOD",
-    "CaaAnswer",
-    "CaaAnswerSet",
-    "CaaIssuer",
-    "CaaLookup",
-    "CaaRecord",
-    "CaaSet",
-    "CaaVerdict",
-    "CnameAnswer",
-    "CnameLookup",
-    "DnsActivities",
-    "DnsChecker",
-    "DnsLookupError",
-    "caa_allows",
-    "caa_decision",
-    "caa_lookup_names",
-    "check_caa",
-    "find_caa_set",
-    "follow_cname_chain",
-    "parse_caa_response",
-    "parse_resolver_address",
-]
-
-CNAME_MAX_LOOKUPS = 4
-DNS_TIMEOUT_SECONDS = 10.0
+from certflow.dns.lookup import CnameAnswer, DnsLookupError, canonical as _canonical, cname_answers, rrsets, unique as _unique
+from certflow.errors import DnsCheckError, ErrorCode
 
 VALIDATION_METHOD = "http-01"
 """The ACME challenge certflow validates with (RFC 8657 ``validationmethods``)."""
-
-# Big enough for real CAA RRsets, small enough to avoid IP fragmentation
-# (DNS Flag Day 2020); larger answers come back truncated and go over TCP.
-_EDNS_PAYLOAD = 1232
-
 # Property tags the CA understands. Anything else is "unknown", and an unknown
 # tag marked critical forbids issuance (RFC 8659 §4.1). This is Boulder's list
 # (``filterCAA``): RFC 8659's three plus issuemail (RFC 9495) and issuevmc
@@ -104,8 +50,6 @@ _PREVIEW_CHARS = 60
 _PARAM_PREVIEW_CHARS = 100
 _ARROW = " → "
 
-
-# --------------------------------------------------------------------------- data
 
 
 @dataclass(frozen=True)
@@ -132,14 +76,6 @@ class CaaAnswer:
 
     owner: str
     record: CaaRecord
-
-
-@dataclass(frozen=True)
-class CnameAnswer:
-    """A CNAME record as returned by a lookup: ``owner`` is an alias for ``target``."""
-
-    owner: str
-    target: str
 
 
 @dataclass(frozen=True)
@@ -228,62 +164,9 @@ class CaaVerdict:
     reason: str
 
 
-class DnsLookupError(Exception):
-    """A lookup got no usable answer: timeout, SERVFAIL/REFUSED, network error.
-
-    NXDOMAIN and an empty NOERROR answer are *not* errors (they are an empty
-    result). The check functions turn this into the right :class:`DnsCheckError`.
-    """
-
-    def __init__(self, name: str, rdtype: str, reason: str, ca_detail: str = "") -> None:
-        self.name = name
-        self.rdtype = rdtype
-        self.reason = reason
-        self.ca_detail = ca_detail or f"DNS problem: {_SERVER_FAILURE} looking up {rdtype} for {name}"
-        """What Let's Encrypt's resolver client says of the same failure (Boulder's
-        ``bdns.Error``), e.g. ``DNS problem: SERVFAIL looking up A for x - the
-        domain's nameservers may be malfunctioning``."""
-        super().__init__(f"{rdtype} lookup for {name} failed: {reason}")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.name, self.rdtype, self.reason, self.ca_detail))
-
-
-# Boulder's bdns/problem.go wording.
-_SERVER_FAILURE = "server failure at resolver"
-_RCODE_EXPLANATIONS = {
-    dns.rcode.NXDOMAIN: "check that a DNS record exists for this domain",
-    dns.rcode.SERVFAIL: "the domain's nameservers may be malfunctioning",
-}
-
-
-def _ca_detail(rdtype: str, name: str, *, rcode: dns.rcode.Rcode | None = None, timeout: bool = False) -> str:
-    """Boulder's ``bdns.Error`` text for a failed lookup."""
-    if timeout:
-        detail, additional = "query timed out", ""
-    elif rcode is not None:
-        detail = dns.rcode.to_text(rcode)
-        explanation = _RCODE_EXPLANATIONS.get(rcode)
-        additional = f" - {explanation}" if explanation else ""
-    else:
-        detail, additional = "networking error", ""
-    return f"DNS problem: {detail} looking up {rdtype} for {name}{additional}"
-
-
-CnameLookup = Callable[[str], Awaitable[Sequence[CnameAnswer]]]
-"""Returns the CNAME records in the answer to a CNAME query for a name."""
-
 CaaLookup = Callable[[str], Awaitable[CaaAnswerSet]]
 """Returns the CNAME and CAA records in the answer to a CAA query for a name."""
 
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _canonical(name: str) -> str:
-    """DNS names compare case-insensitively; a trailing dot only marks them absolute."""
-    name = name.strip().lower()
-    return name[:-1] if name.endswith(".") else name
 
 
 def _quote(text: str) -> str:
@@ -311,9 +194,6 @@ def _escape_character_string(value: str) -> str:
             out.extend(f"\\{byte:03d}" for byte in char.encode("utf-8", "surrogatepass"))
     return "".join(out)
 
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
 
 
 @dataclass(frozen=True)
@@ -653,165 +533,6 @@ async def allowed_issuers(
     )
 
 
-async def follow_cname_chain(hostname: str, target: str, lookup: CnameLookup) -> None:
-    """Raise ``DnsCheckError(DNS_CNAME)`` unless ``hostname`` aliases ``target``.
-
-    Follows the chain one CNAME lookup at a time, at most
-    :data:`CNAME_MAX_LOOKUPS` lookups. Fails on: no CNAME at the hostname, a
-    chain ending at another name, a loop, a chain that is too long, several
-    CNAMEs for one owner, an answer owned by a name other than the one asked,
-    and lookup errors. ``found`` lists the aliases seen (or the offending
-    records); ``expected`` is the target.
-    """
-    start = _canonical(hostname)
-    expected = _canonical(target)
-    chain: list[str] = []
-    seen = {start}
-    current = start
-
-    def fail(message: str, found: list[str] | None = None) -> DnsCheckError:
-        return DnsCheckError(
-            ErrorCode.DNS_CNAME,
-            message,
-            found=list(chain) if found is None else found,
-            expected=expected,
-        )
-
-    for _ in range(CNAME_MAX_LOOKUPS):
-        try:
-            answers = await lookup(current)
-        except DnsLookupError as exc:
-            raise fail(f"could not look up the CNAME record of {current}: {exc.reason}") from exc
-
-        if not answers:
-            if not chain:
-                raise fail(f"{start} has no CNAME record; expected a CNAME to {expected}")
-            raise fail(f"{start} is a CNAME to {' -> '.join(chain)}; expected {expected}")
-
-        foreign = [a for a in answers if _canonical(a.owner) != current]
-        if foreign:
-            raise fail(
-                f"the CNAME answer for {current} is owned by {_canonical(foreign[0].owner)}; "
-                f"expected a record owned by {current}",
-                found=[f"{_canonical(a.owner)} CNAME {_canonical(a.target)}" for a in answers],
-            )
-
-        targets = _unique(_canonical(a.target) for a in answers)
-        if len(targets) > 1:
-            raise fail(
-                f"{current} has {len(targets)} CNAME records ({', '.join(targets)}); "
-                f"expected exactly one, to {expected}",
-                found=targets,
-            )
-
-        current = targets[0]
-        chain.append(current)
-        if current == expected:
-            return
-        if current in seen:
-            raise fail(f"{start} has a CNAME loop: {' -> '.join([start, *chain])}")
-        seen.add(current)
-
-    raise fail(
-        f"{start} has a CNAME chain longer than {CNAME_MAX_LOOKUPS} lookups "
-        f"({' -> '.join([start, *chain])} -> ...) that does not reach {expected}"
-    )
-
-
-# --------------------------------------------------------------------------- real lookups
-
-
-def parse_resolver_address(spec: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port``, bare host or bare IPv6 → port 53).
-
-    Raises :class:`~certflow.errors.ConfigError` when malformed.
-    """
-    text = spec.strip()
-    port_text = "53"
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise ConfigError(f"DNS resolver {spec!r}: expected host:port or [ipv6]:port")
-        if rest:
-            port_text = rest[1:]
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host = text  # a hostname, IPv4 or bare IPv6 address
-    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigError(f"DNS resolver {spec!r}: expected host:port with a port in 1-65535")
-    return host, int(port_text)
-
-
-async def _server_ip(host: str, port: int) -> str:
-    """dnspython wants an IP; a host name (e.g. a compose service) is resolved here."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-        if not infos:
-            raise OSError(f"cannot resolve {host}") from None
-        return str(infos[0][4][0])
-    return host
-
-
-async def _query(
-    name: str, rdtype: dns.rdatatype.RdataType, server: tuple[str, int], timeout: float
-) -> dns.message.Message:
-    """One recursive query to the configured resolver; UDP, TCP when truncated."""
-    host, port = server
-    type_text = dns.rdatatype.to_text(rdtype)
-    display = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        # One deadline for the whole exchange: udp_with_fallback's own timeout
-        # applies to UDP and TCP separately.
-        async with asyncio.timeout(timeout):
-            where = await _server_ip(host, port)
-            query = dns.message.make_query(name, rdtype, use_edns=0, payload=_EDNS_PAYLOAD)
-            response, _ = await dns.asyncquery.udp_with_fallback(
-                query, where, timeout=timeout, port=port, ignore_unexpected=True
-            )
-    except (TimeoutError, dns.exception.Timeout):
-        raise DnsLookupError(
-            name,
-            type_text,
-            f"no answer from resolver {display} within {timeout:g} s",
-            _ca_detail(type_text, name, timeout=True),
-        ) from None
-    except (OSError, dns.exception.DNSException) as exc:
-        raise DnsLookupError(
-            name, type_text, f"resolver {display}: {exc}", _ca_detail(type_text, name)
-        ) from exc
-    rcode = response.rcode()
-    if rcode not in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
-        raise DnsLookupError(
-            name,
-            type_text,
-            f"resolver {display} answered {dns.rcode.to_text(rcode)}",
-            _ca_detail(type_text, name, rcode=rcode),
-        )
-    return response
-
-
-def _rrsets(
-    response: dns.message.Message, rdtype: dns.rdatatype.RdataType
-) -> Iterable[dns.rrset.RRset]:
-    return (
-        rrset
-        for rrset in response.answer
-        if rrset.rdtype == rdtype and rrset.rdclass == dns.rdataclass.IN
-    )
-
-
-def _cname_answers(response: dns.message.Message) -> list[CnameAnswer]:
-    answers: list[CnameAnswer] = []
-    for rrset in _rrsets(response, dns.rdatatype.CNAME):
-        owner = rrset.name.to_text(omit_final_dot=True)
-        for rdata in rrset:
-            if isinstance(rdata, dns.rdtypes.ANY.CNAME.CNAME):
-                answers.append(CnameAnswer(owner, rdata.target.to_text(omit_final_dot=True)))
-    return answers
-
 
 def parse_caa_response(response: dns.message.Message) -> CaaAnswerSet:
     """The CNAME and CAA records (class IN, any owner) in a CAA response's answer section.
@@ -822,7 +543,7 @@ def parse_caa_response(response: dns.message.Message) -> CaaAnswerSet:
     Which records count is :func:`find_caa_set`'s business.
     """
     answers: list[CaaAnswer] = []
-    for rrset in _rrsets(response, dns.rdatatype.CAA):
+    for rrset in rrsets(response, dns.rdatatype.CAA):
         owner = rrset.name.to_text(omit_final_dot=True)
         for rdata in rrset:
             if not isinstance(rdata, dns.rdtypes.ANY.CAA.CAA):
@@ -835,136 +556,6 @@ def parse_caa_response(response: dns.message.Message) -> CaaAnswerSet:
                 value=rdata.value.decode("utf-8", "backslashreplace"),
             )
             answers.append(CaaAnswer(owner, record))
-    return CaaAnswerSet(cnames=_cname_answers(response), caa=answers)
+    return CaaAnswerSet(cnames=cname_answers(response), caa=answers)
 
 
-@dataclass(frozen=True)
-class DnsChecker:
-    """SPEC §3.1 DNS checks against one resolver.
-
-    ``resolver`` is ``host:port``; ``cname_target`` the edge name customers
-    must alias; ``caa_issuer_domain`` the CA's CAA issuer-domain (e.g.
-    ``letsencrypt.org``); ``account_uri`` our registered ACME account URL at
-    that CA, for RFC 8657 ``accounturi`` (``None`` while unknown: a CAA value
-    bound to an account then authorizes nothing). Invalid settings raise
-    ``ConfigError`` at construction.
-    """
-
-    resolver: str
-    cname_target: str
-    caa_issuer_domain: str
-    timeout: float = DNS_TIMEOUT_SECONDS
-    account_uri: str | None = None
-    issuers: tuple[tuple[str, CaaIssuer], ...] | Callable[[], tuple[tuple[str, CaaIssuer], ...]] = ()
-    """Every configured CA as (issuer name, CA as CAA sees it), in order of
-    preference, or a function giving them as they are now (an account registered
-    after start-up brings its URL for RFC 8657); empty: the one CA of
-    ``caa_issuer_domain`` and ``account_uri``."""
-
-    def __post_init__(self) -> None:
-        parse_resolver_address(self.resolver)
-        try:
-            target = normalize_hostname(self.cname_target)
-        except InvalidHostnameError as exc:
-            raise ConfigError(f"CNAME target: {exc}") from None
-        # Frozen: normalize in place once, so messages show the canonical name.
-        object.__setattr__(self, "cname_target", target)
-        issuer = _canonical(self.caa_issuer_domain)
-        if not _ISSUER_DOMAIN_RE.fullmatch(issuer):
-            raise ConfigError(
-                f"CAA issuer domain {self.caa_issuer_domain!r} is not a valid "
-                "RFC 8659 issuer-domain-name"
-            )
-        object.__setattr__(self, "caa_issuer_domain", issuer)
-        object.__setattr__(self, "account_uri", self.account_uri or None)
-        if self.timeout <= 0:
-            raise ConfigError(f"DNS timeout must be positive, got {self.timeout!r}")
-
-    @property
-    def caa_issuer(self) -> CaaIssuer:
-        """The CA as CAA sees it: ``caa_issuer_domain`` and ``account_uri``."""
-        return CaaIssuer((self.caa_issuer_domain,), self.account_uri)
-
-    @property
-    def caa_issuers(self) -> tuple[tuple[str, CaaIssuer], ...]:
-        """Every CA CAA is judged for, by issuer name, in order of preference."""
-        listed = self.issuers() if callable(self.issuers) else self.issuers
-        return listed or ((DEFAULT_ISSUER, self.caa_issuer),)
-
-    async def check(self, hostname: str) -> DnsVerdict:
-        """Run the CNAME check, then the CAA check, for ``hostname``: the names of
-        the issuers CAA allows, in order of preference, and the CAA set as read.
-
-        Raises ``DnsCheckError`` (DNS_CNAME, DNS_CAA or ACME_TEMPORARY), or
-        ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
-        """
-        await self.check_cname(hostname)
-        allowed = await allowed_issuers(
-            normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
-        )
-        return DnsVerdict(allowed_issuers=allowed.names, caa_reading=allowed.reading)
-
-    async def check_cname(self, hostname: str) -> str:
-        """The CNAME check alone; what was found when it passes."""
-        host = normalize_hostname(hostname)
-        await follow_cname_chain(host, self.cname_target, self.lookup_cname)
-        return f"{host} aliases {self.cname_target}"
-
-    async def check_caa(self, hostname: str) -> str:
-        """The CAA check alone; the verdict's reason when it allows one of our CAs."""
-        allowed = await allowed_issuers(
-            normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
-        )
-        reason = allowed.reason
-        if len(self.caa_issuers) > 1:
-            reason += f" (issuers allowed: {', '.join(allowed.names)})"
-        return reason
-
-    async def lookup_cname(self, name: str) -> list[CnameAnswer]:
-        """The CNAME records in the resolver's answer for ``name`` (any owner)."""
-        response = await _query(
-            name, dns.rdatatype.CNAME, parse_resolver_address(self.resolver), self.timeout
-        )
-        return _cname_answers(response)
-
-    async def lookup_addresses(self, name: str, rdtype: str) -> list[str]:
-        """The addresses of one family (``A`` or ``AAAA``) a query for ``name`` ends
-        at (the resolver follows CNAMEs), in the order answered. As Let's Encrypt's
-        resolver client, NXDOMAIN is a failed lookup here: DnsLookupError."""
-        kind = dns.rdatatype.from_text(rdtype)
-        response = await _query(name, kind, parse_resolver_address(self.resolver), self.timeout)
-        if response.rcode() == dns.rcode.NXDOMAIN:
-            raise DnsLookupError(
-                name, rdtype, "NXDOMAIN", _ca_detail(rdtype, name, rcode=dns.rcode.NXDOMAIN)
-            )
-        return _unique(rdata.to_text() for rrset in _rrsets(response, kind) for rdata in rrset)
-
-    async def lookup_caa(self, name: str) -> CaaAnswerSet:
-        """The CNAME chain and CAA records in the resolver's answer for ``name``."""
-        response = await _query(
-            name, dns.rdatatype.CAA, parse_resolver_address(self.resolver), self.timeout
-        )
-        return parse_caa_response(response)
-
-
-class DnsActivities:
-    """The ``check_dns`` activity around a :class:`DnsChecker`."""
-
-    def __init__(self, checker: DnsChecker, metrics: CertflowMetrics | None = None) -> None:
-        self._checker = checker
-        self._metrics = metrics or CertflowMetrics()
-
-    @activity.defn(name="check_dns")
-    async def check_dns(self, input: CheckDnsInput) -> DnsVerdict:
-        """CNAME then CAA: the issuers CAA allows, or a typed DNS_CNAME / DNS_CAA /
-        ACME_TEMPORARY error."""
-        started = time.monotonic()
-        try:
-            with step_span("dns_check", **{"certificate.hostname": input.hostname}):
-                verdict = await self._checker.check(input.hostname)
-        except DnsCheckError as err:
-            dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
-            self._metrics.step("dns_check", "dns_error" if dns else "error", started)
-            raise to_application_error(err) from None
-        self._metrics.step("dns_check", "ok", started)
-        return verdict

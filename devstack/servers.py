@@ -333,7 +333,7 @@ class PebbleStack:
     Started with ``start_pebble(dns_server=...)`` there is no challtestsrv:
     ``dns_resolver`` is that server, ``challtestsrv_url`` is ``""`` and the mock
     DNS methods (``set_cname``, ``add_caa``, ``add_a``, ...) raise StackError;
-    edit records with ``certflow.dev.realdns.RealDns`` instead.
+    edit records with ``devstack.realdns.RealDns`` instead.
     """
 
     directory_url: str
@@ -361,7 +361,7 @@ class PebbleStack:
             raise StackError(
                 f"this Pebble resolves through {self.dns_resolver}, not challtestsrv: "
                 f"no mock DNS to {path.lstrip('/')}; edit the records with RealDns "
-                "(certflow.dev.realdns) instead"
+                "(devstack.realdns) instead"
             )
         _request(f"{self.challtestsrv_url}{path}", payload=payload)
 
@@ -821,7 +821,7 @@ def start_worker(
 
     ``capture_keys``: every private key the worker generates is appended to this
     file (PKCS#8 DER, hex, one a line) for a leak test's needles
-    (``certflow/dev/key_capture``; read them with :func:`captured_keys`)."""
+    (``devstack/key_capture``; read them with :func:`captured_keys`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     host, _, port_text = env["CERTFLOW_HTTP01_LISTEN"].rpartition(":")
     host = "127.0.0.1" if host in ("", "0.0.0.0") else host
@@ -849,7 +849,7 @@ def captured_keys(path: Path) -> list[bytes]:
 
 
 if __name__ == "__main__":
-    # `python -m certflow.dev.devstack pebble-tls DIR NAME...`: TLS files for a Pebble
+    # `python -m devstack.servers pebble-tls DIR NAME...`: TLS files for a Pebble
     # container (docker-compose), generated at run time rather than committed.
     if len(sys.argv) >= 3 and sys.argv[1] == "pebble-tls":
         out = Path(sys.argv[2])
@@ -872,5 +872,5 @@ if __name__ == "__main__":
             path.chmod(0o644)  # read by the Pebble container's own user
         print(f"wrote Pebble TLS files and config to {out}")
     else:
-        print("usage: python -m certflow.dev.devstack pebble-tls DIR NAME...", file=sys.stderr)
+        print("usage: python -m devstack.servers pebble-tls DIR NAME...", file=sys.stderr)
         sys.exit(2)

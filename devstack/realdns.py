@@ -49,7 +49,7 @@ import dns.rdataclass
 import dns.rdatatype
 import dns.rdtypes.ANY.CAA
 
-from certflow.dev.devstack import (
+from devstack.servers import (
     StackError,
     _Process,
     _require_free,
@@ -375,7 +375,7 @@ class RealDns:
     def _render(self, serial: int) -> str:
         zone, ns = self._zone.to_text(), self._ns_name.to_text()
         lines = [
-            f"; written by certflow.dev.realdns, serial {serial}",
+            f"; written by devstack.realdns, serial {serial}",
             f"$TTL {RECORD_TTL}",
             # refresh/retry/expire only matter to secondaries; minimum = negative TTL.
             f"{zone} {RECORD_TTL} IN SOA {ns} hostmaster.{zone} {serial}"
@@ -540,7 +540,7 @@ def _soa_serial(response: dns.message.Message, zone: dns.name.Name) -> int | Non
 
 def _knot_conf(workdir: Path, socket_dir: Path, port: int, zone: dns.name.Name) -> str:
     return f"""\
-# written by certflow.dev.realdns
+# written by devstack.realdns
 server:
     rundir: "{workdir}"
     listen: 127.0.0.1@{port}
@@ -630,7 +630,7 @@ def _unbound_conf(
     modules = "python iterator" if failures else "iterator"
     policy = f'python:\n    python-script: "{workdir / _FAILURES_SCRIPT}"\n' if failures else ""
     return f"""\
-# written by certflow.dev.realdns
+# written by devstack.realdns
 server:
     interface: 127.0.0.1@{port}
     access-control: 127.0.0.0/8 allow

@@ -30,8 +30,8 @@ from acme import messages
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from activities.acme_problems import problem_error
-from certflow import accounts
+from certflow.acme.problems import problem_error
+from certflow.store import accounts
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, CaUnreachableError, ConfigError, ErrorCode
 from certflow.issuers import ExternalAccountBinding, Issuer
@@ -101,7 +101,7 @@ def _problem_suffix(problem_type: str) -> str:
 def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
     """Translate whatever a CA call raised into the typed error (SPEC §4 order:
     rate limit first, then invalid order, then temporary), with the meaning
-    ``activities.acme_problems`` gives it: a rate limit's scope, a refusal's code
+    ``certflow.acme.problems`` gives it: a rate limit's scope, a refusal's code
     (ACME_REJECTED, ACME_CAA, ACME_INVALID_ORDER), a refused ``replaces``."""
     if isinstance(exc, AcmeProblemError):
         return exc
