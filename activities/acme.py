@@ -12,7 +12,7 @@ import asyncpg
 from temporalio import activity
 
 from certflow.acme.orders import Issuers
-from certflow.errors import AcmeProblemError, CertflowError, ErrorCode, to_application_error
+from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.models import (
     ISSUABLE,
@@ -56,7 +56,7 @@ class AcmeActivities:
         try:
             with step_span(phase, **(span_attributes or {})):
                 result = await work()
-        except CertflowError as err:
+        except ProvisioningError as err:
             limited = err.code is ErrorCode.ACME_RATE_LIMITED
             self._metrics.step(phase, "rate_limited" if limited else "error", started)
             raise to_application_error(err) from None
@@ -161,7 +161,7 @@ class AcmeActivities:
             orders = self._issuers.serving(order_url)
             await orders.ready()
             await orders.deactivate(order_url)
-        except CertflowError as err:
+        except ProvisioningError as err:
             raise to_application_error(err) from None
 
     @activity.defn(name="revoke_certificate")
@@ -172,5 +172,5 @@ class AcmeActivities:
             orders = self._issuers.at(await certificates.certificate_issuer(self._pool, certificate_id))
             await orders.ready()
             await orders.revoke(certificate_id)
-        except CertflowError as err:
+        except ProvisioningError as err:
             raise to_application_error(err) from None

@@ -21,7 +21,7 @@ from temporalio import activity
 from certflow.dns.checks import DnsChecker
 from certflow.dns.http01 import Http01Fetcher, Http01Unreachable
 from certflow.store import certificates
-from certflow.errors import CertflowError, ErrorCode, to_application_error
+from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.models import (
     DomainCheck,
@@ -54,12 +54,12 @@ class PreflightActivities:
             with step_span("http01_check", **{"certificate.hostname": input.hostname}):
                 order = await certificates.stored_open_order(self._pool, input.certificate_id)
                 if order is None:
-                    raise CertflowError(
+                    raise ProvisioningError(
                         code=ErrorCode.ACME_INVALID_ORDER,
                         message="the certificate row has no open challenge to check",
                     )
                 await self._fetcher.check(input.hostname, order.token, order.key_authorization)
-        except CertflowError as err:
+        except ProvisioningError as err:
             self._metrics.step("http01_check", "error", started)
             if isinstance(err, Http01Unreachable):
                 self._metrics.http01_self_check("error", err.reason)
@@ -77,7 +77,7 @@ class PreflightActivities:
         async def run(name: str, check: Awaitable[str]) -> None:
             try:
                 found = await check
-            except CertflowError as err:
+            except ProvisioningError as err:
                 checks.append(DomainCheck(name=name, ok=False, code=err.code, message=err.message))
             else:
                 checks.append(DomainCheck(name=name, ok=True, message=found))

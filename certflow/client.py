@@ -51,11 +51,12 @@ from certflow.models import (
 )
 from certflow.schedules import install_reconcile_schedule
 from certflow.settings import ClientSettings
+from certflow.errors import CertflowError
 
 START_CONCURRENCY = 16
 
 
-class ActionRejectedError(Exception):
+class ActionRejectedError(CertflowError):
     """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
 
 

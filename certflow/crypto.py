@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import NameOID
 
 from certflow.settings import KeyType
+from certflow.errors import CertflowError
 
 NONCE_SIZE = 12
 TAG_SIZE = 16
@@ -27,7 +28,7 @@ TAG_SIZE = 16
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
-class DecryptionError(Exception):
+class DecryptionError(CertflowError):
     """Stored key material does not decrypt with the configured key."""
 
 

@@ -1,6 +1,6 @@
 """The typed error tree.
 
-Every failure an activity can report is a :class:`CertflowError` carrying an
+Every failure an activity can report is a :class:`ProvisioningError` carrying an
 :class:`ErrorCode` (SPEC §4) plus the data that explains it. Activities turn
 them into Temporal ``ApplicationError`` s whose ``type`` is the code, so the
 workflow and retry policies match on the code, never on message text.
@@ -61,7 +61,11 @@ USER_MESSAGES: dict[ErrorCode, str] = {
 }
 
 
-class ConfigError(Exception):
+class CertflowError(Exception):
+    """The root of every error certflow raises."""
+
+
+class ConfigError(CertflowError):
     """A setting is missing or malformed; the message names the variable."""
 
 
@@ -71,7 +75,7 @@ class CaUnreachableError(ConfigError):
 
 
 @dataclass
-class CertflowError(Exception):
+class ProvisioningError(CertflowError):
     """A provisioning failure with its code and a specific, user-safe message."""
 
     code: ErrorCode
@@ -95,7 +99,7 @@ class CertflowError(Exception):
 
 
 @dataclass
-class DnsCheckError(CertflowError):
+class DnsCheckError(ProvisioningError):
     """The hostname's DNS does not allow issuance (DNS_CNAME / DNS_CAA) or the
     lookup itself failed (ACME_TEMPORARY for a CAA SERVFAIL)."""
 
@@ -107,7 +111,7 @@ class DnsCheckError(CertflowError):
 
 
 @dataclass
-class AcmeProblemError(CertflowError):
+class AcmeProblemError(ProvisioningError):
     """The CA answered with an error (RFC 8555 problem document or bare HTTP status).
 
     For a rate limit, what ``certflow.acme.problems`` read from it: the scope
@@ -163,7 +167,7 @@ class AcmeProblemError(CertflowError):
         return timedelta(seconds=self.retry_after_seconds)
 
 
-def to_application_error(err: CertflowError) -> Exception:
+def to_application_error(err: ProvisioningError) -> Exception:
     """The Temporal form of err: ``type`` is the code, details carry the data.
 
     Called from activities; it also logs the failure with its data, at error

@@ -7,6 +7,7 @@ canonical spelling per name.
 
 from __future__ import annotations
 
+from certflow.errors import CertflowError
 import functools
 import ipaddress
 import reprlib
@@ -54,7 +55,7 @@ def _short(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-class InvalidHostnameError(ValueError):
+class InvalidHostnameError(CertflowError, ValueError):
     """A hostname that cannot be used: not a valid, public, DNS host name.
 
     ``hostname`` is the raw input (always a ``str``; other types are rendered);

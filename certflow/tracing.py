@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from certflow.errors import AcmeProblemError, CertflowError
+from certflow.errors import AcmeProblemError, ProvisioningError
 
 _tracer = trace.get_tracer("certflow")
 
@@ -38,7 +38,7 @@ def step_span(phase: str, **attributes: str | int | None) -> Iterator[Span]:
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         try:
             yield span
-        except CertflowError as err:
+        except ProvisioningError as err:
             span.set_status(Status(StatusCode.ERROR, str(err.code)))
             span.set_attribute("provisioning.error_code", str(err.code))
             if isinstance(err, AcmeProblemError):

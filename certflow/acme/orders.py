@@ -57,7 +57,7 @@ from certflow.crypto import (
     public_key_matches,
     split_fullchain,
 )
-from certflow.errors import AcmeProblemError, CertflowError, ErrorCode
+from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode
 from certflow.metrics import CertflowMetrics
 from certflow.models import (
     Cooldown,
@@ -207,7 +207,7 @@ class IssuerOrders:
 
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, run)
-        except CertflowError:
+        except ProvisioningError:
             raise
         except Exception as exc:
             raise await self._typed(classify_acme_failure(exc), hostname, poll) from None
@@ -453,7 +453,7 @@ class IssuerOrders:
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
         if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
-            raise CertflowError(
+            raise ProvisioningError(
                 code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
             )
         return order
@@ -544,7 +544,7 @@ class IssuerOrders:
                     if chall.get("error"):
                         problem = dict(chall["error"])
                         break
-            except CertflowError:
+            except ProvisioningError:
                 pass
         return challenge_failure(problem, "the order became invalid")
 

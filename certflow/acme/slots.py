@@ -7,6 +7,7 @@ loses its session and so its slot: nothing to clean up.
 
 from __future__ import annotations
 
+from certflow.errors import CertflowError
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ _FIRST_WAIT = 0.02
 _MAX_WAIT = 0.5
 
 
-class NoOrderSlotError(TimeoutError):
+class NoOrderSlotError(CertflowError, TimeoutError):
     """Every slot stayed taken for the whole wait."""
 
 

@@ -46,7 +46,7 @@ from publicsuffixlist import PublicSuffixList
 
 from certflow.dns.checks import DnsChecker
 from certflow.dns.lookup import DnsLookupError
-from certflow.errors import CertflowError, ErrorCode
+from certflow.errors import ProvisioningError, ErrorCode
 from certflow.dns.reserved import AddressPolicy, IPAddress
 
 CHALLENGE_PATH = "/.well-known/acme-challenge/"
@@ -70,7 +70,7 @@ _GO_SPACE = frozenset(
 )
 
 
-class Http01Unreachable(CertflowError):
+class Http01Unreachable(ProvisioningError):
     """The challenge could not be fetched as the CA would fetch it."""
 
     def __init__(self, message: str, reason: str = "other") -> None:

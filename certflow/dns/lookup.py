@@ -19,7 +19,7 @@ import dns.rdatatype
 import dns.rdtypes.ANY.CNAME
 import dns.rrset
 
-from certflow.errors import ConfigError
+from certflow.errors import CertflowError, ConfigError
 
 DNS_TIMEOUT_SECONDS = 10.0
 
@@ -36,7 +36,7 @@ class CnameAnswer:
     target: str
 
 
-class DnsLookupError(Exception):
+class DnsLookupError(CertflowError):
     """A lookup got no usable answer: timeout, SERVFAIL/REFUSED, network error.
 
     NXDOMAIN and an empty NOERROR answer are *not* errors (they are an empty

@@ -31,6 +31,7 @@ from certflow.store import served
 from certflow.store.changes import ChangeFeed
 from certflow.store.served import StoredCertificate
 from certflow.crypto import EncryptionKey
+from certflow.errors import CertflowError
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ CONTEXT_CACHE_SIZE = 10_000
 _PAGE = 5_000
 
 
-class CertificateNotFoundError(LookupError):
+class CertificateNotFoundError(CertflowError, LookupError):
     """No current certificate for that hostname."""
 
 

@@ -609,6 +609,23 @@ class Run:
                     raise
         pytest.fail("the status query never answered")
 
+    async def signal(self, name: str, arg: Any = None) -> None:
+        """Signal the latest run. The V1 test server answers "Completed workflow"
+        (NOT_FOUND) to a signal that meets the moment a run continues as new, before
+        the next run exists: sent again once that run is there."""
+        for _ in range(50):
+            try:
+                if arg is None:
+                    await self.handle.signal(name)
+                else:
+                    await self.handle.signal(name, arg)
+                return
+            except RPCError as err:
+                if err.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                await asyncio.sleep(0.02)
+        pytest.fail(f"the {name} signal found no running run")
+
     async def now(self) -> datetime:
         return await self.env.get_current_time()
 

@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus, OrderProgress, RenewalWindow
-from workflows.certificate import HISTORY_EVENTS_BEFORE_NEW_RUN
+from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN
 
 from .fakes import (
     DEFAULT,
@@ -177,7 +177,7 @@ async def test_a_flood_of_renewal_window_signals_while_waiting_to_renew(
             start = t0 + timedelta(days=40, minutes=n)
             last = RenewalWindow(serial="initial", start=start, end=start + timedelta(days=1))
             fakes.row.ari_window = (last.start, last.end)  # the sweep stores, then signals
-            await run.handle.signal("renewal_window", last)
+            await run.signal("renewal_window", last)
             if n % 50 == 49:  # in bursts the sweep could never send: 50 at a time
                 window = last
                 state = await run.until(
@@ -202,7 +202,7 @@ async def test_retry_again_and_again_during_a_long_cooldown(workflow_env: Workfl
     async with started(workflow_env, fakes) as run:
         await run.until(lambda s: s.error_code is ErrorCode.ACME_RATE_LIMITED, "rate limited")
         for n in range(1, 251):  # one at a time: signals that arrive together are one retry
-            await run.handle.signal("retry")
+            await run.signal("retry")
             await run.until_calls("cooldown_remaining", n)
         assert len(fakes.of("place_order")) <= 1 + len(await _run_lengths(workflow_env, run))
         _check(await _run_lengths(workflow_env, run), "250 retries in a cooldown", 250)

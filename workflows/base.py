@@ -1,0 +1,232 @@
+"""What every phase of the Certificate workflow shares: the row and the phase as the
+product sees them (search attributes, current details, the status query), durable
+sleeps that signals cut short, webhooks, and what the next run is handed."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeUpdate
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from activities.records import RecordActivities
+    from certflow import search
+    from certflow.contract import (
+        WEBHOOK_DELIVERY_WORKFLOW,
+        webhook_workflow_id,
+    )
+    from certflow.models import (
+        CarriedWaits,
+        CertificateInput,
+        CertificateRecord,
+        CertificateState,
+        CertificateStatus,
+        EnsureCertificateInput,
+        Phase,
+        WebhookEvent,
+    )
+    from workflows.run_state import RunState, Stopped
+    from workflows.steps import (
+        POSTGRES,
+        run,
+    )
+
+
+class CertificateBase:
+    """The state and plumbing every phase uses; the phases are mixins of it."""
+
+    _state: RunState
+
+    @property
+    def _record(self) -> CertificateRecord:
+        """The row as this run knows it (read at the start of every run)."""
+        return self._state.record
+
+    def _set_record(self, record: CertificateRecord) -> None:
+        self._state.current = record
+        self._publish()
+
+    def _enter(self, phase: Phase) -> None:
+        self._state.phase = phase
+        self._publish()
+
+    def _expiring_soon_at(self) -> datetime | None:
+        record = self._record
+        if self._state.warned_expiring or record is None or record.expires_at is None:
+            return None
+        return record.expires_at - timedelta(days=self._state.policy.expiring_soon_days)
+
+    async def _warn_if_expiring(self) -> None:
+        """An 'expiring_soon' event once a renewal has not succeeded by then."""
+        moment = self._expiring_soon_at()
+        record = self._record
+        renewing = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+        if moment is not None and renewing and workflow.now() >= moment:
+            self._state.warned_expiring = True
+            await self._notify("expiring_soon")
+
+    async def _notify(self, event: str, serial: str | None = None) -> None:
+        """Hand the event to a WebhookDelivery child that retries on its own and
+        outlives this run (continue-as-new, cancel)."""
+        record = self._record
+        if not self._state.policy.webhooks or record is None:
+            return
+        event_id = str(workflow.uuid4())
+        await workflow.start_child_workflow(
+            WEBHOOK_DELIVERY_WORKFLOW,
+            WebhookEvent(
+                event_id=event_id,
+                event=event,
+                hostname=record.hostname,
+                tenant_id=record.tenant_id,
+                status=record.status,
+                error_code=record.error_code,
+                error_message=record.error_message,
+                serial=serial,
+                expires_at=record.expires_at,
+                occurred_at=workflow.now(),
+                issuer=self._state.issuer or record.issuer,
+                issuer_reason=self._state.issuer_reason,
+            ),
+            id=webhook_workflow_id(record.hostname, event_id),
+            parent_close_policy=ParentClosePolicy.ABANDON,
+        )
+
+    async def _read_row(self, tenant_id: str | None) -> None:
+        """The row and the worker's policy, read (the row made if missing)."""
+        ensured = await run(
+            POSTGRES,
+            RecordActivities.ensure_certificate,
+            EnsureCertificateInput(hostname=self._state.hostname, tenant_id=tenant_id),
+        )
+        self._set_record(ensured.record)
+        self._state.policy = ensured.policy
+
+    def _publish(self) -> None:
+        """Show the state in the Temporal UI: search attributes (when the worker
+        registered them) and the workflow's current details. Nothing secret.
+
+        Called after every change of the record or the phase (``_set_record``,
+        ``_enter``) and of the next wake-up. The attributes are upserted only when
+        what they show changed; the first upsert of a run happens at its first
+        change after the policy was read, and histories depend on that moment."""
+        record = self._state.current
+        if record is None:
+            return
+        if self._state.policy.search_attributes:
+            updates: list[SearchAttributeUpdate[Any]] = [
+                search.HOSTNAME.value_set(record.hostname),
+                search.STATUS.value_set(str(record.status)),
+                search.ERROR_CODE.value_set(str(record.error_code))
+                if record.error_code
+                else search.ERROR_CODE.value_unset(),
+                search.EXPIRES_AT.value_set(record.expires_at)
+                if record.expires_at
+                else search.EXPIRES_AT.value_unset(),
+            ]
+            if record.tenant_id:
+                updates.append(search.TENANT.value_set(record.tenant_id))
+            issuer = self._shown_issuer(record)
+            if issuer is not None:  # never set by histories from before issuers
+                updates.append(search.ISSUER.value_set(issuer))
+            shown = self._shown(record)
+            if shown != self._state.published:
+                self._state.published = shown
+                workflow.upsert_search_attributes(updates)
+        details = [f"**{record.status}** — {self._state.phase}"]
+        if self._state.next_attempt_at is not None:
+            details.append(f"next: {self._state.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC")
+        if record.error_code:
+            details.append(f"last error: {record.error_code}: {record.error_message or ''}")
+        if record.expires_at is not None:
+            details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
+        workflow.set_current_details("\n\n".join(details))
+
+    @staticmethod
+    def _shown_issuer(record: CertificateRecord) -> str | None:
+        """The CA shown: the current certificate's once ACTIVE, else the attempt's."""
+        if record.status is CertificateStatus.ACTIVE:
+            return record.issuer
+        return record.order_issuer or record.issuer
+
+    @classmethod
+    def _shown(cls, record: CertificateRecord) -> tuple[object, ...]:
+        """What the search attributes show of a record."""
+        shown: tuple[object, ...] = (
+            record.status, record.error_code, record.expires_at, record.tenant_id
+        )
+        issuer = cls._shown_issuer(record)
+        return shown if issuer is None else (*shown, issuer)
+
+    def _next_run_input(
+        self, *, carry_waits: bool = False, after_issuance: bool = False
+    ) -> CertificateInput:
+        """After an issuance the next run starts afresh from the row just stored
+        (carried with the policy: no read); in the middle of waiting it carries what
+        the waits need and reads the row again."""
+        record = self._record
+        waits = None
+        if carry_waits:
+            waits = self._state.carried_waits()
+        if after_issuance and self._state.renewing_at_once:
+            waits = CarriedWaits(renewed_at_once=True)
+        return CertificateInput(
+            hostname=record.hostname,
+            tenant_id=record.tenant_id,
+            carried=record,
+            waits=waits,
+            policy=self._state.policy if after_issuance else None,
+        )
+
+    def _check_stop(self) -> None:
+        if self._state.stop is not None:
+            raise Stopped()
+
+    async def _sleep(self, seconds: float, *, interruptible: bool) -> bool:
+        """A durable wait that cancel/delete always end and, when interruptible,
+        "retry now" ends too (also one sent during the attempt before it).
+        Returns whether "retry now" ended it."""
+        if seconds <= 0:
+            return False
+        self._state.next_attempt_at = workflow.now() + timedelta(seconds=seconds)
+        self._state.retry_cuts_wait = interruptible
+        self._publish()
+        retried = False
+        try:
+            await workflow.wait_condition(
+                lambda: self._state.stop is not None or (interruptible and self._state.retry_requested),
+                timeout=timedelta(seconds=seconds),
+                timeout_summary=f"{self._state.phase} until {self._state.next_attempt_at:%H:%M:%S} UTC",
+            )
+            retried = self._state.stop is None
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._state.next_attempt_at = None
+            self._state.retry_cuts_wait = False
+            if interruptible:
+                self._state.retry_requested = False
+        return retried
+
+    def _view(self) -> CertificateState:
+        record = self._state.current
+        if record is None:
+            return CertificateState(
+                hostname=self._state.hostname, status=CertificateStatus.PENDING, phase=self._state.phase
+            )
+        return CertificateState(
+            hostname=record.hostname,
+            status=record.status,
+            phase=self._state.phase,
+            error_code=record.error_code,
+            error_message=record.error_message,
+            retry_count=record.retry_count,
+            next_attempt_at=self._state.next_attempt_at,
+            expires_at=record.expires_at,
+            issuer=record.issuer,
+            order_issuer=record.order_issuer,
+        )

@@ -1,0 +1,218 @@
+"""After a failed attempt: the outcome recorded (SPEC §4), a fallback to the next CA
+when this one cannot issue, and the wait before the next attempt — DNS re-checks,
+backoffs, a rate-limit cooldown, or FAILED until retry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.acme import AcmeActivities
+    from activities.records import RecordActivities
+    from certflow.errors import ErrorCode
+    from certflow.models import (
+        CaaDisagreement,
+        CertificateStatus,
+        Outcome,
+        Phase,
+        ProvisioningPolicy,
+        RecordFailureInput,
+    )
+    from workflows.policy import (
+        DNS_CODES,
+        RECHECK_CODES,
+        cooldown_spread,
+        decide_outcome,
+        dns_recheck_delay,
+        failure_backoff,
+        fallback_issuers,
+        fallback_outcome,
+        retries_automatically,
+    )
+    from workflows.steps import (
+        POSTGRES,
+        AttemptFailed,
+        run,
+    )
+
+from workflows.base import CertificateBase
+from workflows.patches import (
+    BOUNDED_COOLDOWN_WAIT_PATCH,
+    COOLDOWN_SPREAD_PATCH,
+    HISTORY_EVENTS_BEFORE_NEW_RUN,
+)
+
+
+class FailureHandling(CertificateBase):
+    """What follows a failed attempt (``_record_failure``, then ``_wait_after``)."""
+
+    async def _record_failure(self, failure: AttemptFailed, policy: ProvisioningPolicy) -> bool:
+        record = self._record
+        if failure.code is ErrorCode.ACME_CAA and self._state.issuer is not None:
+            self._state.caa_disagreements[self._state.issuer] = CaaDisagreement(
+                reading=self._state.caa_reading, detail=failure.message[:300]
+            )
+        outcome = decide_outcome(
+            record.status,
+            record.retry_count,
+            record.order_url is not None,
+            failure.code,
+            policy.max_failures,
+        )
+        reason = self._fallback_reason(failure, outcome, policy)
+        if reason is not None and self._fall_back(reason):
+            outcome = fallback_outcome(record.status, failure.code)
+        elif outcome.status is CertificateStatus.FAILED:
+            self._state.passed_over = {}  # spent everywhere: the next attempt starts a new round
+        applied = await run(
+            POSTGRES,
+            RecordActivities.record_failure,
+            RecordFailureInput(
+                certificate_id=record.certificate_id, outcome=outcome, message=failure.message
+            ),
+        )
+        keep = outcome.keep_order
+        self._set_record(record.model_copy(
+            update={
+                "status": outcome.status,
+                "retry_count": outcome.retry_count,
+                "error_code": outcome.error_code,
+                "error_message": failure.message,
+                "order_url": record.order_url if keep else None,
+                "challenge_url": record.challenge_url if keep else None,
+            }
+        ))
+        if applied and outcome.status is CertificateStatus.FAILED:
+            await self._notify("failed")
+        return applied
+
+    def _fallback_reason(
+        self, failure: AttemptFailed, outcome: Outcome, policy: ProvisioningPolicy
+    ) -> str | None:
+        """Why the attempt's issuer cannot issue now, when it is a reason to try the
+        next one: a long cooldown, the failure budget spent, or no answer for long
+        (since when it has not answered is kept here, failure after failure)."""
+        issuer, now = self._state.issuer, workflow.now()
+        if issuer is None:
+            return None
+        if not failure.unreachable:
+            self._state.unreachable_since = None
+        elif self._state.unreachable_since is None:
+            self._state.unreachable_since = now
+        detail = failure.message[:300]
+        if failure.code is ErrorCode.ACME_RATE_LIMITED:
+            seconds = failure.retry_after or 0.0
+            if seconds > policy.issuer_fallback_cooldown_seconds:
+                until = now + timedelta(seconds=seconds)
+                return f"{issuer}, rate-limited until {until:%Y-%m-%d %H:%M} UTC: {detail}"
+        if self._state.unreachable_since is not None:
+            down = (now - self._state.unreachable_since).total_seconds()
+            if down >= policy.issuer_fallback_unreachable_seconds:
+                return f"{issuer}, unreachable since {self._state.unreachable_since:%Y-%m-%d %H:%M} UTC"
+        if outcome.status is CertificateStatus.FAILED:
+            return f"{issuer}, {failure.code} after {outcome.retry_count} attempts: {detail}"
+        return None
+
+    def _fall_back(self, reason: str) -> bool:
+        """Pass over the attempt's issuer (the next attempt goes, at once, to the next
+        one CAA allows) when there is another; False when there is none."""
+        if self._state.issuer is None or not fallback_issuers(
+            self._state.allowed, self._state.issuer, self._state.passed_over
+        ):
+            return False
+        self._state.passed_over = {**self._state.passed_over, self._state.issuer: reason}
+        self._state.unreachable_since = None
+        self._state.fell_back = True
+        return True
+
+    async def _follow_moved_row(self, renewal: bool) -> bool:
+        """The row left the attempt's status without this run, most often because an
+        earlier try of finalize_and_store stored the certificate and its result was
+        lost: carry on from the row as it is. False when it was deleted."""
+        record = self._record
+        try:
+            reread = await run(POSTGRES, RecordActivities.reload_record, record.certificate_id)
+        except ActivityError:
+            return False
+        self._set_record(reread)
+        if reread.status is CertificateStatus.ACTIVE:
+            self._enter(Phase.ISSUED)
+            await self._notify("renewed" if renewal else "issued")
+        return True
+
+    async def _wait_after(
+        self, failure: AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
+    ) -> None:
+        record = self._record
+        if self._state.fell_back:
+            self._state.fell_back = False
+            return  # the next issuer is tried at once
+        if record.status is CertificateStatus.FAILED:
+            return
+        if failure.code is ErrorCode.ACME_RATE_LIMITED:
+            self._enter(Phase.WAITING_FOR_RATE_LIMIT)
+            # Retry-After 0 means "now", but a CA repeating it must not spin us.
+            seconds = max(failure.retry_after or 0.0, 1.0)
+            if workflow.patched(COOLDOWN_SPREAD_PATCH):
+                seconds += cooldown_spread(seconds, workflow.random().random())
+            await self._wait_for_cooldown(self._capped(seconds))
+            return
+        if failure.code in RECHECK_CODES:
+            dns = failure.code in DNS_CODES
+            self._enter(Phase.WAITING_FOR_DNS if dns else Phase.WAITING_FOR_HTTP01)
+            delay = dns_recheck_delay(dns_failures, policy)
+        else:
+            self._enter(Phase.WAITING_BEFORE_RETRY)
+            delay = failure_backoff(record.retry_count, policy)
+        await self._sleep(self._capped(delay), interruptible=True)
+
+    def _capped(self, delay: float) -> float:
+        """During a renewal, wake when the old certificate lapses (to show EXPIRED on
+        time) and when it starts expiring soon (to tell the product)."""
+        record = self._record
+        if record.status is CertificateStatus.RENEWING and record.expires_at is not None:
+            for moment in (record.expires_at, self._expiring_soon_at()):
+                if moment is not None and moment > workflow.now():
+                    delay = min(delay, (moment - workflow.now()).total_seconds() + 1.0)
+        return delay
+
+    async def _wait_for_cooldown(self, seconds: float) -> None:
+        """Sleep out a CA rate limit. "retry now" (which clearing a cooldown sends)
+        only makes the workflow look at the cooldowns that apply to it again: it
+        never goes on while one is in force."""
+        record = self._record
+        while await self._sleep(seconds, interruptible=True):
+            seconds = await run(POSTGRES, AcmeActivities.cooldown_remaining, record.hostname)
+            if seconds <= 0:
+                return
+            if (
+                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+                and workflow.patched(BOUNDED_COOLDOWN_WAIT_PATCH)
+            ):
+                return  # retried again and again: the main loop continues as new
+
+    async def _wait_failed(self, policy: ProvisioningPolicy) -> None:
+        self._enter(Phase.FAILED_WAITING)
+        automatic = retries_automatically(self._record.error_code)
+        if policy.failed_retry_seconds > 0 and automatic:
+            await self._sleep(policy.failed_retry_seconds, interruptible=True)
+        else:
+            self._state.next_attempt_at = None
+            self._state.retry_cuts_wait = True
+            await workflow.wait_condition(
+                lambda: self._state.retry_requested or self._state.stop is not None
+            )
+            self._state.retry_cuts_wait = False
+            self._state.retry_requested = False
+
+    async def _reopen_failed(self) -> bool:
+        record = self._record
+        try:
+            reopened = await run(POSTGRES, RecordActivities.reopen_failed, record.certificate_id)
+        except ActivityError:
+            return False  # the row is gone
+        self._set_record(reopened)
+        return reopened.status is not CertificateStatus.FAILED

@@ -1,0 +1,286 @@
+"""Obtaining a certificate: one attempt, from the DNS check through the order, the
+challenge and its self-check, the wait for the order, to finalize and store; the CA
+chosen among those CAA allows."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.acme import AcmeActivities
+    from activities.dns import DnsActivities
+    from activities.preflight import PreflightActivities
+    from activities.records import RecordActivities
+    from certflow.errors import ErrorCode
+    from certflow.issuers import DEFAULT_ISSUER
+    from certflow.models import (
+        ISSUABLE,
+        AcceptChallengeInput,
+        CertificateRecord,
+        CertificateStatus,
+        CheckDnsInput,
+        CreateOrderInput,
+        DnsVerdict,
+        FinalizeInput,
+        Http01CheckInput,
+        IssuedCertificate,
+        OpenedOrder,
+        OrderKind,
+        PersistChallengeInput,
+        Phase,
+        PlaceOrderInput,
+        ProvisioningPolicy,
+        WaitForOrderInput,
+    )
+    from workflows.policy import (
+        choose_issuer,
+        issuer_reason,
+        order_poll_delay,
+    )
+    from workflows.run_state import Stopped
+    from workflows.steps import (
+        CA,
+        DNS,
+        FINALIZE,
+        POSTGRES,
+        AttemptFailed,
+        failure_of,
+        order_wait,
+        run,
+    )
+
+from workflows.base import CertificateBase
+from workflows.patches import (
+    BOUNDED_ORDER_POLL_PATCH,
+    HISTORY_EVENTS_BEFORE_NEW_RUN,
+    HTTP01_SELF_CHECK_PATCH,
+    PLACE_ORDER_PATCH,
+)
+
+
+class Obtaining(CertificateBase):
+    """One attempt at a certificate (``_issue``)."""
+
+    async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
+        """One attempt: DNS, order, challenge, wait, finalize and store."""
+        try:
+            order_url, challenge_url = record.order_url, record.challenge_url
+            accept_first = accept_unsure = False
+            self_check = False
+            self._state.caa_reading = None
+            if order_url is None:
+                allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
+                if not record.skips_dns:
+                    self._enter(Phase.CHECKING_DNS)
+                    verdict: DnsVerdict | None = await run(
+                        DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname)
+                    )
+                    if verdict is not None:  # None in histories from before issuers
+                        allowed = verdict.allowed_issuers
+                        self._state.caa_reading = verdict.caa_reading
+                    self._check_stop()
+                if self._state.caa_disagreements:
+                    allowed = self._not_disagreeing(allowed)
+                self._choose_issuer(record, allowed, policy)
+                self._enter(Phase.CREATING_ORDER)
+                accept_first = workflow.patched(PLACE_ORDER_PATCH)
+                if accept_first:
+                    order = await run(
+                        CA,
+                        AcmeActivities.place_order,
+                        PlaceOrderInput(
+                            certificate_id=record.certificate_id,
+                            hostname=record.hostname,
+                            kind=self._order_kind(record),
+                            issuer=self._state.issuer,
+                            issuer_reason=self._state.issuer_reason,
+                        ),
+                    )
+                else:
+                    order = await self._create_and_persist_order(record)
+                order_url, challenge_url = order.order_url, order.challenge_url
+                renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+                record = record.model_copy(
+                    update={
+                        "order_url": order_url,
+                        "challenge_url": challenge_url,
+                        "status": record.status if renewal else CertificateStatus.PROVISIONING,
+                        "error_code": None,
+                        "error_message": None,
+                        "order_issuer": self._state.issuer,
+                    }
+                )
+                self._set_record(record)
+                self._check_stop()
+                self_check = accept_first
+                if not accept_first:
+                    self._enter(Phase.ACCEPTING_CHALLENGE)
+                    await run(
+                        CA,
+                        AcmeActivities.accept_challenge,
+                        AcceptChallengeInput(challenge_url=challenge_url, issuer=self._state.issuer),
+                    )
+            else:
+                self._state.issuer = record.order_issuer  # the kept order's CA
+                if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
+                    self_check = accept_first = True  # kept when its self-check failed: never accepted
+                elif challenge_url is not None and challenge_url != self._state.accepted_challenge:
+                    # The accept may have failed unanswered (or been answered before this
+                    # run): the activity reads the challenge and POSTs only if pending.
+                    accept_first = accept_unsure = True
+            if (
+                self_check
+                and policy.http01_self_check
+                and workflow.patched(HTTP01_SELF_CHECK_PATCH)
+            ):
+                self._enter(Phase.CHECKING_HTTP01)
+                await run(
+                    DNS,
+                    PreflightActivities.check_http01,
+                    Http01CheckInput(certificate_id=record.certificate_id, hostname=record.hostname),
+                )
+                self._check_stop()
+            await self._wait_for_order(order_url, challenge_url, policy, accept_first, accept_unsure)
+            self._check_stop()  # a cancel during polling must not issue a certificate
+            self._enter(Phase.FINALIZING)
+            return await run(
+                FINALIZE,
+                AcmeActivities.finalize_and_store,
+                FinalizeInput(
+                    certificate_id=record.certificate_id,
+                    hostname=record.hostname,
+                    order_url=order_url,
+                    issuer=self._state.issuer,
+                ),
+            )
+        except ActivityError as err:
+            if self._state.stop is not None:
+                raise Stopped() from None
+            failure = failure_of(err)
+            if failure.accepted:
+                self._state.accepted_challenge = record.challenge_url or self._record.challenge_url
+            raise failure from None
+
+    def _choose_issuer(
+        self, record: CertificateRecord, allowed: list[str], policy: ProvisioningPolicy
+    ) -> None:
+        """The attempt's issuer: the first CAA allows that was not fallen back from; a
+        renewal prefers the CA of its certificate (``replaces`` only applies there)."""
+        renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+        preferred = self._named(record.issuer) if renewal else None
+        if allowed and all(name in self._state.passed_over for name in allowed):
+            self._state.passed_over = {}  # every allowed CA was passed over: a new round
+        self._state.allowed = allowed
+        self._state.issuer = choose_issuer(allowed, preferred, self._state.passed_over)
+        self._state.issuer_reason = issuer_reason(
+            self._state.issuer, policy.issuers, allowed, self._state.passed_over, preferred
+        )
+
+    def _not_disagreeing(self, allowed: list[str]) -> list[str]:
+        """The allowed issuers less those whose own CAA check refused this hostname
+        while our reading has not changed since (a CA refused on its reading: ordering
+        there again only spends a failed authorization). AttemptFailed DNS_CAA when
+        that leaves none."""
+        reading = self._state.caa_reading
+        kept = []
+        for name in allowed:
+            disagreement = self._state.caa_disagreements.get(name)
+            if disagreement is None:
+                kept.append(name)
+            elif disagreement.reading is None:
+                # Not read when the CA refused: this reading is the one to change from.
+                self._state.caa_disagreements[name] = disagreement.model_copy(update={"reading": reading})
+            elif disagreement.reading != reading:
+                del self._state.caa_disagreements[name]  # the answer changed: try it again
+                kept.append(name)
+        if kept or not allowed:
+            return kept
+        name = allowed[0]
+        held = self._state.caa_disagreements[name]
+        ca = "the CA" if name == DEFAULT_ISSUER else f"the CA {name}"
+        raise AttemptFailed(
+            ErrorCode.DNS_CAA,
+            f"{ca} refused on CAA although our check allows it ({held.detail}); we read"
+            f" {held.reading or 'nothing'}. No new order goes to {ca} until that reading"
+            " changes, or retry.",
+            None,
+        )
+
+    def _named(self, issuer: str | None) -> str | None:
+        """An issuer as rows name it: None is the first configured."""
+        if issuer is None and self._state.policy.issuers:
+            return self._state.policy.issuers[0]
+        return issuer
+
+    def _order_kind(self, record: CertificateRecord) -> OrderKind:
+        """How the CA counts this order: a renewal of the certificate in place is
+        exempt from some limits, an ARI renewal from nearly all (SPEC §4); at another
+        CA than the certificate's it is a new order there."""
+        if record.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
+            return OrderKind.NEW
+        if self._state.issuer is not None and self._named(record.issuer) != self._state.issuer:
+            return OrderKind.NEW
+        # Boulder's SuggestedWindow.IsWithin: start <= now < end, at the order itself.
+        window = record.ari_window
+        in_window = window is not None and window[0] <= workflow.now() < window[1]
+        return OrderKind.ARI_RENEWAL if in_window else OrderKind.RENEWAL
+
+    async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
+        """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
+        order = await run(CA, AcmeActivities.create_order, CreateOrderInput(hostname=record.hostname))
+        persisted = await run(
+            POSTGRES,
+            RecordActivities.persist_challenge,
+            PersistChallengeInput(certificate_id=record.certificate_id, order=order),
+        )
+        if not persisted:
+            raise AttemptFailed(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None)
+        return order
+
+    async def _wait_for_order(
+        self,
+        order_url: str,
+        challenge_url: str | None,
+        policy: ProvisioningPolicy,
+        accept_first: bool = False,
+        accept_unsure: bool = False,
+    ) -> None:
+        """Poll fast inside an activity (accepting the challenge first when asked),
+        then on durable timers that back off. The challenge is POSTed at most once:
+        never again once the CA answered (SPEC §3 step 5)."""
+        attempt = 0
+        while True:
+            self._check_stop()
+            self._enter(Phase.POLLING_ORDER)
+            accepting = accept_first and attempt == 0
+            progress = await run(
+                order_wait(policy.order_fast_poll_seconds),
+                AcmeActivities.wait_for_order,
+                WaitForOrderInput(
+                    order_url=order_url,
+                    challenge_url=challenge_url,
+                    within_seconds=policy.order_fast_poll_seconds,
+                    accept_first=accepting,
+                    issuer=self._state.issuer,
+                    accept_unsure=accepting and accept_unsure,
+                ),
+            )
+            if accepting:
+                self._state.accepted_challenge = challenge_url
+            if progress.status in ISSUABLE:
+                return
+            delay = order_poll_delay(attempt, progress.retry_after_seconds)
+            attempt += 1
+            self._enter(Phase.polling_again(progress.status))
+            # The CA's pacing (Retry-After) is honoured even against "retry now".
+            await self._sleep(delay, interruptible=False)
+            if (
+                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+                and self._state.stop is None
+                and workflow.patched(BOUNDED_ORDER_POLL_PATCH)
+            ):
+                # An order the CA keeps pending for days (an incident): the next run
+                # goes on polling it from the row, never accepting it again.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._next_run_input(carry_waits=True))

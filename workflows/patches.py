@@ -1,0 +1,40 @@
+"""The patches of the Certificate workflow (``workflow.patched``), each keeping the
+histories of older runs replaying, and the bounds its loops keep."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+# Patches (workflow.patched): each keeps the histories of older runs replaying.
+FOLLOW_MOVED_ROW_PATCH = "follow-moved-row"
+"""A failure that finds the row moved on re-reads the row instead of ending the workflow."""
+PLACE_ORDER_PATCH = "place-order"
+"""One place_order activity (create + persist) instead of create_order and
+persist_challenge, and the accept inside the first wait_for_order instead of
+accept_challenge: two round trips fewer per certificate."""
+RENEWAL_INFO_SWEEP_PATCH = "renewal-info-sweep"
+"""An ACTIVE certificate sleeps to its renewal time, spread per certificate (jitter
+without ARI; an ARI window that runs to notAfter cut to leave room for failures),
+its ARI window kept current by the renewal-info sweep's signal, instead of asking
+the CA itself on every re-check."""
+BOUNDED_HISTORY_PATCH = "bounded-history"
+"""A run whose history grew past HISTORY_EVENTS_BEFORE_NEW_RUN continues as new at
+the next turn of its loop, carrying what its waits need: a certificate waiting
+for years for DNS, a failure budget or a cooldown never reaches Temporal's limit."""
+HISTORY_EVENTS_BEFORE_NEW_RUN = 500
+"""With one turn of the loop at most ~60 events, no run exceeds 1,000 events."""
+COOLDOWN_SPREAD_PATCH = "cooldown-spread"
+"""Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
+HTTP01_SELF_CHECK_PATCH = "http01-self-check"
+"""The persisted challenge is fetched as the CA would fetch it before it is accepted."""
+BOUNDED_COOLDOWN_WAIT_PATCH = "bounded-cooldown-wait"
+"""A cooldown wait that ``retry`` keeps cutting short goes back to the main loop (which
+continues as new) once the run is long, instead of waiting on in the same run."""
+BOUNDED_ORDER_POLL_PATCH = "bounded-order-poll"
+"""Polling an order the CA keeps pending continues as new past
+HISTORY_EVENTS_BEFORE_NEW_RUN events too, the open order on the row."""
+ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
+"""A certificate an hour old or less whose ARI window is already open renews once; its
+replacement, given such a window again, waits for the sweep's next answer."""
+AT_ONCE_AGE = timedelta(hours=1)
+"""A certificate this young whose ARI window is open renews at once."""
