@@ -197,7 +197,7 @@ def _escape_character_string(value: str) -> str:
 
 
 @dataclass(frozen=True)
-class _IssueValue:
+class IssueValue:
     """A parsed ``issue``/``issuewild`` value: issuer-domain as written (``""``
     for ``";"``) and its parameters in order, tags as written."""
 
@@ -205,7 +205,7 @@ class _IssueValue:
     params: tuple[tuple[str, str], ...]
 
 
-def _parse_issue_value(value: str) -> _IssueValue | None:
+def parse_issue_value(value: str) -> IssueValue | None:
     """Parse an ``issue``/``issuewild`` value (RFC 8659 §4.2), ``None`` if malformed.
 
     Mirrors Boulder's ``parseCAARecord``: split on ``;``, whitespace (space,
@@ -236,16 +236,16 @@ def _parse_issue_value(value: str) -> _IssueValue | None:
         parsed.append((tag, param_value))
     # Kept as written: Boulder compares issuer domains byte for byte
     # (va/caa.go caaDomainMatches: caaDomain == issuerDomain).
-    return _IssueValue(issuer, tuple(parsed))
+    return IssueValue(issuer, tuple(parsed))
 
 
-def _param_values(value: _IssueValue, tag: str) -> list[str]:
+def _param_values(value: IssueValue, tag: str) -> list[str]:
     # Parameter tags compare exactly, as Boulder does (``c.tag == "accounturi"``):
     # RFC 8657 defines them in lower case; "AccountURI" is an unknown parameter.
     return [v for t, v in value.params if t == tag]
 
 
-def _account_refusal(value: _IssueValue, issuer: CaaIssuer) -> str | None:
+def _account_refusal(value: IssueValue, issuer: CaaIssuer) -> str | None:
     """Why the RFC 8657 ``accounturi`` parameter refuses us, or ``None`` if it does not."""
     uris = _param_values(value, "accounturi")
     if not uris:
@@ -261,7 +261,7 @@ def _account_refusal(value: _IssueValue, issuer: CaaIssuer) -> str | None:
     return None
 
 
-def _method_refusal(value: _IssueValue) -> str | None:
+def _method_refusal(value: IssueValue) -> str | None:
     """Why the RFC 8657 ``validationmethods`` parameter refuses http-01, or ``None``."""
     lists = _param_values(value, "validationmethods")
     if not lists:
@@ -313,7 +313,7 @@ def _decide(
     # Our issuer domains that a value names but whose RFC 8657 parameters refuse us.
     refused: dict[str, list[str]] = {}
     for record in relevant:
-        parsed = _parse_issue_value(record.value)
+        parsed = parse_issue_value(record.value)
         if parsed is None:
             malformed.append(record.value)
         elif parsed.issuer in issuer.domains:
