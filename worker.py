@@ -113,6 +113,8 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account_url))
             for c in issuer_clients
         ),
+        dns01=settings.dns01,
+        persist_issuers=frozenset(i.name for i in issuers.items if i.dns_persist),
     )
     worker = Worker(
         client,
@@ -126,7 +128,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         ],
         activities=registry.bound(
             RecordActivities(pool, policy, settings.managed_base_domain),
-            DnsActivities(dns, metrics),
+            DnsActivities(dns, metrics, pool),
             PreflightActivities(
                 pool,
                 dns,

@@ -1,37 +1,118 @@
-"""The ``check_dns`` activity: the DNS pre-checks of certflow/dns/checks.py, in a
-span, with metrics, typed errors out."""
+"""The DNS activities: the pre-checks of certflow/dns/checks.py (which method is
+ready, CAA), and the delegated dns-01 TXT in our zone (certflow/dns/dns01.py),
+published before accept and withdrawn after the order; in spans, with metrics,
+typed errors out."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import asyncpg
 from temporalio import activity
 
+from certflow.dns import dns01
 from certflow.dns.checks import DnsChecker
-from certflow.errors import DnsCheckError, ErrorCode, to_application_error
+from certflow.errors import DnsCheckError, ErrorCode, ProvisioningError, to_application_error
 from certflow.metrics import CertflowMetrics
-from certflow.models import CheckDnsInput, DnsVerdict
+from certflow.models import CheckDnsInput, Dns01ChallengeInput, DnsVerdict, RequestedMethod
+from certflow.store import certificates
 from certflow.tracing import step_span
+
+VISIBLE_WITHIN_SECONDS = 30.0
+"""How long publish_dns01 waits for every authoritative server to answer the TXT
+(NOTIFY and a zone transfer take a second or two) before the workflow re-checks."""
+VISIBLE_POLL_SECONDS = 0.25
 
 
 class DnsActivities:
-    """The ``check_dns`` activity around a :class:`DnsChecker`."""
+    """``check_dns`` around a :class:`DnsChecker`; ``publish_dns01`` and
+    ``withdraw_dns01`` around our dns-01 zone."""
 
-    def __init__(self, checker: DnsChecker, metrics: CertflowMetrics | None = None) -> None:
+    def __init__(
+        self,
+        checker: DnsChecker,
+        metrics: CertflowMetrics | None = None,
+        pool: asyncpg.Pool | None = None,
+    ) -> None:
         self._checker = checker
         self._metrics = metrics or CertflowMetrics()
+        self._pool = pool
 
     @activity.defn(name="check_dns")
     async def check_dns(self, input: CheckDnsInput) -> DnsVerdict:
-        """CNAME then CAA: the issuers CAA allows, or a typed DNS_CNAME / DNS_CAA /
-        ACME_TEMPORARY error."""
+        """Which validation method is ready, then CAA: the methods and the issuers CAA
+        allows, or a typed DNS_CNAME / DNS_DELEGATION / DNS_PERSIST / DNS_CAA /
+        ACME_TEMPORARY error. The method asked for is the row's, read now (a request
+        may have changed it while the workflow waited)."""
         started = time.monotonic()
         try:
             with step_span("dns_check", **{"certificate.hostname": input.hostname}):
-                verdict = await self._checker.check(input.hostname)
+                requested = input.method
+                if requested is None and self._pool is not None:
+                    requested = await certificates.requested_method(self._pool, input.hostname)
+                verdict = await self._checker.check(input.hostname, requested or RequestedMethod.AUTO)
         except DnsCheckError as err:
-            dns = err.code in (ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA)
+            dns = err.code is not ErrorCode.ACME_TEMPORARY
             self._metrics.step("dns_check", "dns_error" if dns else "error", started)
             raise to_application_error(err) from None
         self._metrics.step("dns_check", "ok", started)
         return verdict
+
+    @activity.defn(name="publish_dns01")
+    async def publish_dns01(self, input: Dns01ChallengeInput) -> None:
+        """Write the dns-01 TXT of the challenge persisted on the row into our zone
+        (replacing a leftover one), then wait until every authoritative server of the
+        zone answers it: the challenge is accepted only after that. DNS01_UPDATE when
+        our primary refuses the update, DNS01_NOT_VISIBLE when a server still lacks
+        it at the end of the wait."""
+        started = time.monotonic()
+        try:
+            with step_span("dns01_publish", **{"certificate.hostname": input.hostname}):
+                zone = self._zone()
+                assert self._pool is not None
+                order = await certificates.stored_open_order(self._pool, input.certificate_id)
+                if order is None:
+                    raise ProvisioningError(
+                        ErrorCode.ACME_INVALID_ORDER, "the certificate row has no open dns-01 challenge"
+                    )
+                value = dns01.txt_value(order.key_authorization)
+                await dns01.publish(zone, input.hostname, value)
+                await self._until_visible(zone, input.hostname, value)
+        except ProvisioningError as err:
+            self._metrics.step("dns01_publish", "error", started)
+            raise to_application_error(err) from None
+        self._metrics.step("dns01_publish", "ok", started)
+
+    @activity.defn(name="withdraw_dns01")
+    async def withdraw_dns01(self, input: Dns01ChallengeInput) -> None:
+        """Delete the hostname's dns-01 TXT from our zone (after the order was valid or
+        abandoned); none there is no error."""
+        try:
+            await dns01.withdraw(self._zone(), input.hostname)
+        except ProvisioningError as err:
+            raise to_application_error(err) from None
+
+    def _zone(self) -> dns01.Dns01Zone:
+        zone = self._checker.dns01
+        if zone is None:
+            raise ProvisioningError(
+                ErrorCode.DNS01_UPDATE, "dns-01 is not set up on this worker (CERTFLOW_DNS01_ZONE)"
+            )
+        return zone
+
+    async def _until_visible(self, zone: dns01.Dns01Zone, hostname: str, value: str) -> None:
+        deadline = time.monotonic() + VISIBLE_WITHIN_SECONDS
+        while True:
+            missing = await dns01.missing_on(
+                zone, hostname, value, self._checker.lookup_ns, self._checker.lookup_addresses
+            )
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ProvisioningError(
+                    ErrorCode.DNS01_NOT_VISIBLE,
+                    f"the TXT of {zone.target(hostname)} is not on {', '.join(missing)} yet",
+                )
+            activity.heartbeat(len(missing))
+            await asyncio.sleep(VISIBLE_POLL_SECONDS)

@@ -23,7 +23,9 @@ from certflow.dns.http01 import Http01Fetcher, Http01Unreachable
 from certflow.store import certificates
 from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
+from certflow.hostnames import is_wildcard
 from certflow.models import (
+    ValidationMethod,
     DomainCheck,
     DomainCheckInput,
     DomainCheckReport,
@@ -82,13 +84,23 @@ class PreflightActivities:
             else:
                 checks.append(DomainCheck(name=name, ok=True, message=found))
 
-        await run("cname", self._dns.check_cname(hostname))
+        methods = await self._dns.readiness(hostname)
+        if not is_wildcard(hostname):
+            await run("cname", self._dns.check_cname(hostname))
         await run("caa", self._dns.check_caa(hostname))
-        token = secrets.token_urlsafe(32)
-        key_authorization = f"{token}.{secrets.token_urlsafe(32)}"
-        await certificates.add_probe(self._pool, hostname, token, key_authorization)
-        try:
-            await run("http01", self._fetcher.check(hostname, token, key_authorization))
-        finally:
-            await certificates.remove_probe(self._pool, token)
-        return DomainCheckReport(hostname=hostname, checks=checks)
+        if not is_wildcard(hostname):
+            token = secrets.token_urlsafe(32)
+            key_authorization = f"{token}.{secrets.token_urlsafe(32)}"
+            await certificates.add_probe(self._pool, hostname, token, key_authorization)
+            try:
+                await run("http01", self._fetcher.check(hostname, token, key_authorization))
+            finally:
+                await certificates.remove_probe(self._pool, token)
+        if any(m.ready and m.method is not ValidationMethod.HTTP_01 for m in methods):
+            # Validated over DNS: the routing checks only say whether traffic moved.
+            checks = [c for c in checks if c.name == "caa"] + [
+                c.model_copy(update={"ok": True, "message": f"(not needed over DNS) {c.message}"})
+                for c in checks
+                if c.name != "caa"
+            ]
+        return DomainCheckReport(hostname=hostname, checks=checks, methods=methods)

@@ -32,7 +32,7 @@ class RecordActivities:
     async def ensure_certificate(self, input: EnsureCertificateInput) -> EnsureCertificateResult:
         """The row (inserted as PENDING if missing) and this worker's provisioning policy."""
         record = await certificates.ensure_certificate(
-            self._pool, input.hostname, input.tenant_id, self._managed_base_domain
+            self._pool, input.hostname, input.tenant_id, self._managed_base_domain, input.method
         )
         return EnsureCertificateResult(record=record, policy=self._policy)
 

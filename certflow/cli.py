@@ -23,7 +23,7 @@ from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.errors import ConfigError
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
-from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase
+from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase, RequestedMethod
 from certflow.store.rotation import rotate_keys
 from certflow.settings import ClientSettings, KeySettings, load_settings
 from certflow.tables import print_table
@@ -59,7 +59,11 @@ async def _client() -> AsyncIterator[CertflowClient]:
 
 async def request(args: argparse.Namespace) -> int:
     async with _client() as client:
-        hostnames = await client.request(args.hostnames, tenant_id=args.tenant)
+        hostnames = await client.request(
+            args.hostnames,
+            tenant_id=args.tenant,
+            method=None if args.method is None else RequestedMethod(args.method),
+        )
         reports = await client.wait(hostnames, args.wait) if args.wait is not None else None
     if args.json:
         _print_json(
@@ -87,6 +91,10 @@ async def check(args: argparse.Namespace) -> int:
         print(f"{report.hostname}: {'ok' if report.ok else 'NOT READY'}")
         for c in report.checks:
             print(f"  {c.name:<7} {'ok  ' if c.ok else 'FAIL'} {c.message}")
+        for m in report.methods:
+            print(f"  method {m.method:<15} {'ready' if m.ready else 'not ready'}: {m.detail}")
+            if m.record is not None and not m.ready:
+                print(f"    add: {m.record.name} {m.record.type} {m.record.value}")
     return 0 if all(r.ok for r in reports) else 1
 
 
@@ -275,10 +283,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("hostnames", nargs="+", metavar="HOST")
     p.add_argument("--tenant", help="opaque tenant id stored with the row")
     p.add_argument(
+        "--method",
+        choices=[m.value for m in RequestedMethod],
+        help="how the CA is shown control: auto (default: the first ready at each attempt),"
+        " http-01 (routed to the edge), dns-01 (delegated _acme-challenge CNAME),"
+        " dns-persist-01 (a _validation-persist TXT naming our account)",
+    )
+    p.add_argument(
         "--wait", type=float, metavar="SECONDS",
         help="wait until ACTIVE or an error; exit 0 only if all ACTIVE",
     )
-    p = command("check", "run the CNAME, CAA and HTTP-01 checks of hostnames, ordering nothing")
+    p = command(
+        "check",
+        "run every pre-check of hostnames (each validation method, CAA), ordering nothing",
+    )
     p.add_argument("hostnames", nargs="+", metavar="HOST")
     command("status", "show a certificate's status", host=True)
     p = command("list", "list certificates")

@@ -35,8 +35,9 @@ from certflow.contract import (
     workflow_id_for,
 )
 from certflow.store.db import create_pool
-from certflow.hostnames import InvalidHostnameError, normalize_hostname, registered_domain
+from certflow.hostnames import InvalidHostnameError, is_wildcard, normalize_hostname, registered_domain
 from certflow.models import (
+    RequestedMethod,
     CertificateEvent,
     CertificateInput,
     CertificateState,
@@ -121,16 +122,26 @@ class CertflowClient:
         await self.pool.close()
 
     async def request(
-        self, hostnames: Sequence[str], tenant_id: str | None = None
+        self,
+        hostnames: Sequence[str],
+        tenant_id: str | None = None,
+        method: RequestedMethod | None = None,
     ) -> list[str]:
         """Validate every hostname first (one bad name writes nothing), then upsert
         each row and start its workflow, or find the one already running.
 
         A hostname of another tenant is refused: HostnameOwnedError, nothing
         requested (an event on that row says so). Without ``tenant_id`` a row keeps
-        its tenant."""
+        its tenant. ``method``: how the CA is to be shown control (None keeps the
+        row's, ``auto`` for a new one); a wildcard is never http-01."""
         unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
-        refused = await certificates.request_certificates(self.pool, unique, tenant_id)
+        if method is RequestedMethod.HTTP_01:
+            for hostname in unique:
+                if is_wildcard(hostname):
+                    raise InvalidHostnameError(
+                        hostname, "a wildcard is validated over DNS only (dns-01 or dns-persist-01)"
+                    )
+        refused = await certificates.request_certificates(self.pool, unique, tenant_id, method)
         if refused:
             raise HostnameOwnedError(refused)
         # Starts are independent round trips to Temporal: a few at a time.
@@ -140,7 +151,7 @@ class CertflowClient:
             async with slots:
                 await self.temporal.start_workflow(
                     CERTIFICATE_WORKFLOW,
-                    CertificateInput(hostname=hostname, tenant_id=tenant_id),
+                    CertificateInput(hostname=hostname, tenant_id=tenant_id, method=method),
                     id=workflow_id_for(hostname),
                     task_queue=self.task_queue,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

@@ -29,6 +29,14 @@ class ErrorCode(StrEnum):
     """The CA's own CAA check refused although ours allowed (a failed authorization)."""
     HTTP01_UNREACHABLE = "HTTP01_UNREACHABLE"
     INVALID_HOSTNAME = "INVALID_HOSTNAME"
+    DNS_DELEGATION = "DNS_DELEGATION"
+    """dns-01: ``_acme-challenge.<host>`` is no CNAME to our label (yet)."""
+    DNS_PERSIST = "DNS_PERSIST"
+    """dns-persist-01: no ``_validation-persist`` record authorizes our CA and account."""
+    DNS01_UPDATE = "DNS01_UPDATE"
+    """dns-01: our own zone's primary refused the signed update (its rcode in the message)."""
+    DNS01_NOT_VISIBLE = "DNS01_NOT_VISIBLE"
+    """dns-01: the TXT is not on every authoritative server of our zone yet."""
 
 
 USER_MESSAGES: dict[ErrorCode, str] = {
@@ -57,6 +65,17 @@ USER_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.HTTP01_UNREACHABLE: (
         "The HTTP challenge could not be reached. Check that /.well-known/acme-challenge/"
         " is routed to us."
+    ),
+    ErrorCode.DNS_DELEGATION: (
+        "DNS validation is not delegated yet. Add the _acme-challenge CNAME record shown."
+    ),
+    ErrorCode.DNS_PERSIST: (
+        "The persistent validation record is missing or wrong. Add the"
+        " _validation-persist TXT record shown."
+    ),
+    ErrorCode.DNS01_UPDATE: "Our DNS for validation refused an update. We are on it.",
+    ErrorCode.DNS01_NOT_VISIBLE: (
+        "The validation record is not on every DNS server yet. We will retry automatically."
     ),
 }
 

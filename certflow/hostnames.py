@@ -21,6 +21,7 @@ from publicsuffixlist import PublicSuffixList
 
 __all__ = [
     "InvalidHostnameError",
+    "is_wildcard",
     "normalize_hostname",
     "registered_domain",
     "MAX_NAME_OCTETS",
@@ -81,9 +82,11 @@ def normalize_hostname(raw: str) -> str:
 
     Surrounding whitespace and one trailing dot are dropped; Unicode is mapped
     with UTS #46 (non-transitional, so ``ß`` stays ``ß``) and encoded to
-    A-labels. Raises :class:`InvalidHostnameError` for anything that is not a
-    multi-label DNS host name: IP literals, wildcards, empty or over-long
-    labels, characters outside letters/digits/hyphen, invalid IDNA, etc.
+    A-labels. A wildcard is ``*.`` and such a name (not a public suffix): valid for
+    the DNS validation methods only. Raises :class:`InvalidHostnameError` for
+    anything that is not a multi-label DNS host name: IP literals, a ``*`` elsewhere,
+    empty or over-long labels, characters outside letters/digits/hyphen, invalid
+    IDNA, etc.
     """
     if not isinstance(raw, str):
         rendered = (
@@ -121,8 +124,10 @@ def normalize_hostname(raw: str) -> str:
         raise fail(f"invalid IDNA: {_short(str(exc))}") from None
 
     # Checks on the mapped text, so full-width look-alikes (＊, １) are caught too.
+    if mapped.startswith("*.") and "*" not in mapped[2:]:
+        return _wildcard(raw, mapped[2:], fail)
     if "*" in mapped:
-        raise fail("wildcards are not allowed")
+        raise fail("a wildcard is only allowed as the whole first label (*.shop.example.com)")
     if mapped.startswith("[") or _is_ip_literal(mapped):
         raise fail("IP address literals are not allowed")
 
@@ -154,6 +159,25 @@ def normalize_hostname(raw: str) -> str:
 
 
 _Fail = Callable[[str], InvalidHostnameError]
+
+
+def _wildcard(raw: str, base: str, fail: _Fail) -> str:
+    """``*.<base>``: valid for the DNS validation methods (RFC 8555 §7.1.3), never
+    directly under a public suffix (a CA refuses ``*.com`` or ``*.co.uk``)."""
+    try:
+        name = normalize_hostname(base)
+    except InvalidHostnameError as err:
+        raise fail(f"after '*.': {err.reason}") from None
+    if _public_suffix_list().is_public(name):
+        raise fail(f"a wildcard directly under the public suffix {name!r} is not allowed")
+    if len(name) + 2 > MAX_NAME_OCTETS:
+        raise fail(f"name is {len(name) + 2} octets long; at most {MAX_NAME_OCTETS} allowed")
+    return f"*.{name}"
+
+
+def is_wildcard(hostname: str) -> bool:
+    """A normalized hostname that is a wildcard (``*.shop.example.com``)."""
+    return hostname.startswith("*.")
 
 
 def _is_ip_literal(text: str) -> bool:

@@ -73,6 +73,9 @@ class Issuer(BaseModel):
     ca_bundle: Path | None = None
     profile: str | None = None
     eab: ExternalAccountBinding | None = None
+    dns_persist: bool = False
+    """This CA offers dns-persist-01 (draft-ietf-acme-dns-persist; a persist record
+    names one of its ``caa_domains``): ``auto`` may then choose it."""
 
     @field_validator("name")
     @classmethod

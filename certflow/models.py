@@ -44,6 +44,49 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
 
 
+class ValidationMethod(StrEnum):
+    """How the CA is shown control of a hostname (the ACME challenge type)."""
+
+    HTTP_01 = "http-01"
+    """The CA fetches the challenge from the hostname, routed to the edge."""
+    DNS_01 = "dns-01"
+    """The CA reads a TXT the hostname delegates into our zone (``_acme-challenge``
+    CNAME): before any traffic moves, and for wildcards."""
+    DNS_PERSIST_01 = "dns-persist-01"
+    """The CA reads a TXT the customer published once naming it and our account
+    (draft-ietf-acme-dns-persist): no DNS write at all."""
+
+
+class RequestedMethod(StrEnum):
+    """The validation method a request asks for: one, or ``auto`` (at each attempt
+    the first ready: a persist record, the delegation, routing to the edge)."""
+
+    AUTO = "auto"
+    HTTP_01 = "http-01"
+    DNS_01 = "dns-01"
+    DNS_PERSIST_01 = "dns-persist-01"
+
+
+class DnsRecord(Frozen):
+    """A DNS record to tell the customer to add, copyable as it is."""
+
+    name: str
+    type: str
+    value: str
+
+
+class MethodReadiness(Frozen):
+    """Whether one validation method is ready for a hostname, and what to add."""
+
+    method: ValidationMethod
+    ready: bool
+    detail: str
+    """What was found: why it is ready, or what is missing."""
+    record: DnsRecord | None = None
+    """The record the customer adds for this method (None for http-01 behind a CNAME
+    the product already told them of)."""
+
+
 class LimitScope(StrEnum):
     """What a CA rate limit holds back (the scope of its cooldown)."""
 
@@ -86,6 +129,9 @@ class CertificateInput(Frozen):
 
     hostname: str
     tenant_id: str | None = None
+    method: RequestedMethod | None = None
+    """How the CA is to be shown control (``auto``, ``http-01``, ``dns-01``,
+    ``dns-persist-01``); None keeps the row's (``auto`` for a new one)."""
     carried: CertificateRecord | None = None
     """Set by certflow itself on continue-as-new; never by a client."""
     waits: CarriedWaits | None = None
@@ -180,6 +226,11 @@ class CertificateRecord(Frozen):
     issued_at: datetime | None = None
     """When the current certificate was stored (its notBefore may be backdated: Let's
     Encrypt backdates by an hour); None in histories from before it was kept."""
+    requested_method: RequestedMethod = RequestedMethod.AUTO
+    """The validation method the request asked for."""
+    validation_method: ValidationMethod | None = None
+    """The method of the open order, or of the last attempt (None: http-01, in rows
+    and histories from before methods)."""
 
     @property
     def ari_window(self) -> tuple[datetime, datetime] | None:
@@ -191,6 +242,8 @@ class CertificateRecord(Frozen):
 class EnsureCertificateInput(Frozen):
     hostname: str
     tenant_id: str | None = None
+    method: RequestedMethod | None = None
+    """The validation method a backend's workflow input asked for (None: the row's)."""
 
 
 class EnsureCertificateResult(Frozen):
@@ -200,16 +253,22 @@ class EnsureCertificateResult(Frozen):
 
 class CheckDnsInput(Frozen):
     hostname: str
+    method: RequestedMethod | None = None
+    """The method to check for (None: the one the row asks for)."""
 
 
 class DnsVerdict(Frozen):
     """What check_dns found: the issuers CAA lets issue, in order of preference
-    (check_dns in histories from before issuers returned nothing), and the
-    deciding CAA set as we read it (None in histories from before it was kept)."""
+    (check_dns in histories from before issuers returned nothing), the deciding CAA
+    set as we read it (None in histories from before it was kept), and the
+    validation methods ready, in order of preference (empty in histories from before
+    methods: http-01)."""
 
     allowed_issuers: list[str]
     caa_reading: str | None = None
-
+    methods: list[ValidationMethod] = []
+    method_reason: str | None = None
+    """Why the first method (a line for the row and the events)."""
 
 
 class CreateOrderInput(Frozen):
@@ -226,12 +285,17 @@ class PlaceOrderInput(Frozen):
     """The CA to order from (None: the first configured)."""
     issuer_reason: str | None = None
     """Why this issuer, when it is not the first choice (recorded as an event)."""
+    methods: list[ValidationMethod] = []
+    """The validation methods ready for this attempt, in order of preference: the
+    first the CA offers is answered (empty: http-01, as before methods)."""
+    method_reason: str | None = None
+    """Why the first of them (stored on the row with the order)."""
 
 
 class OpenedOrder(Frozen):
-    """A new ACME order and its HTTP-01 challenge. The key authorization is
-    public by design (the CA fetches it over plain HTTP). The authorization URL
-    is not stored: an order read back from the row has none."""
+    """A new ACME order and its challenge. The key authorization is public by design
+    (the CA fetches it over plain HTTP, or reads its digest in DNS). The
+    authorization URL is not stored: an order read back from the row has none."""
 
     order_url: str
     authorization_url: str | None = None
@@ -240,10 +304,20 @@ class OpenedOrder(Frozen):
     key_authorization: str
     replaces: str | None = None
     """The RFC 9773 certID of the certificate this order renews, when sent."""
+    method: ValidationMethod | None = None
+    """The challenge's type (None: http-01, as before methods)."""
 
 
 class Http01CheckInput(Frozen):
     """The self-check of the challenge persisted for this certificate (before accept)."""
+
+    certificate_id: str
+    hostname: str
+
+
+class Dns01ChallengeInput(Frozen):
+    """The dns-01 challenge persisted for this certificate: its TXT to publish in our
+    zone (before accept), or to withdraw (after the order)."""
 
     certificate_id: str
     hostname: str
@@ -268,6 +342,8 @@ class DomainCheckReport(Frozen):
 
     hostname: str
     checks: list[DomainCheck]
+    methods: list[MethodReadiness] = []
+    """Each validation method: ready or not, and the record to add for it."""
 
     @property
     def ok(self) -> bool:
@@ -382,6 +458,7 @@ class Phase(StrEnum):
     STARTING = "starting"
     CHECKING_DNS = "checking DNS"
     CHECKING_HTTP01 = "checking the challenge is reachable"
+    PUBLISHING_DNS01 = "publishing the dns-01 TXT in our zone"
     CREATING_ORDER = "creating order"
     ACCEPTING_CHALLENGE = "accepting challenge"
     POLLING_ORDER = "polling order"
@@ -392,6 +469,7 @@ class Phase(StrEnum):
     WAITING_FOR_RATE_LIMIT = "waiting for the CA's rate limit to end"
     WAITING_FOR_DNS = "waiting for DNS to be fixed"
     WAITING_FOR_HTTP01 = "waiting for the challenge to be reachable"
+    WAITING_FOR_DNS01 = "waiting for our dns-01 TXT to be on every name server"
     WAITING_BEFORE_RETRY = "waiting before the next attempt"
     FAILED_WAITING = "failed; waiting for retry"
     ASKING_RENEWAL_INFO = "asking the CA when to renew"

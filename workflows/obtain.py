@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         CertificateStatus,
         CheckDnsInput,
         CreateOrderInput,
+        Dns01ChallengeInput,
         DnsVerdict,
         FinalizeInput,
         Http01CheckInput,
@@ -30,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         PersistChallengeInput,
         Phase,
         PlaceOrderInput,
+        ValidationMethod,
         ProvisioningPolicy,
         WaitForOrderInput,
     )
@@ -67,7 +69,10 @@ class Obtaining(CertificateBase):
         try:
             order_url, challenge_url = record.order_url, record.challenge_url
             accept_first = accept_unsure = False
-            self_check = False
+            self_check = publish = False
+            method = record.validation_method  # of the kept order (None: http-01)
+            methods: list[ValidationMethod] = []
+            method_reason: str | None = None
             self._state.caa_reading = None
             if order_url is None:
                 allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
@@ -79,6 +84,7 @@ class Obtaining(CertificateBase):
                     if verdict is not None:  # None in histories from before issuers
                         allowed = verdict.allowed_issuers
                         self._state.caa_reading = verdict.caa_reading
+                        methods, method_reason = verdict.methods, verdict.method_reason
                     self._check_stop()
                 if self._state.caa_disagreements:
                     allowed = self._not_disagreeing(allowed)
@@ -95,11 +101,13 @@ class Obtaining(CertificateBase):
                             kind=self._order_kind(record),
                             issuer=self._state.issuer,
                             issuer_reason=self._state.issuer_reason,
+                            methods=methods,
+                            method_reason=method_reason,
                         ),
                     )
                 else:
                     order = await self._create_and_persist_order(record)
-                order_url, challenge_url = order.order_url, order.challenge_url
+                order_url, challenge_url, method = order.order_url, order.challenge_url, order.method
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                 record = record.model_copy(
                     update={
@@ -109,11 +117,15 @@ class Obtaining(CertificateBase):
                         "error_code": None,
                         "error_message": None,
                         "order_issuer": self._state.issuer,
+                        "validation_method": method,
                     }
                 )
                 self._set_record(record)
                 self._check_stop()
-                self_check = accept_first
+                # Before the CA is asked: the HTTP-01 fetch as it will make it, or our
+                # dns-01 TXT on every server; a persist record is read by the CA itself.
+                self_check = accept_first and method in (None, ValidationMethod.HTTP_01)
+                publish = accept_first and method is ValidationMethod.DNS_01
                 if not accept_first:
                     self._enter(Phase.ACCEPTING_CHALLENGE)
                     await run(
@@ -125,6 +137,8 @@ class Obtaining(CertificateBase):
                 self._state.issuer = record.order_issuer  # the kept order's CA
                 if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
                     self_check = accept_first = True  # kept when its self-check failed: never accepted
+                elif record.error_code in (ErrorCode.DNS01_UPDATE, ErrorCode.DNS01_NOT_VISIBLE):
+                    publish = accept_first = True  # kept before its TXT was everywhere: never accepted
                 elif challenge_url is not None and challenge_url != self._state.accepted_challenge:
                     # The accept may have failed unanswered (or been answered before this
                     # run): the activity reads the challenge and POSTs only if pending.
@@ -141,10 +155,18 @@ class Obtaining(CertificateBase):
                     Http01CheckInput(certificate_id=record.certificate_id, hostname=record.hostname),
                 )
                 self._check_stop()
+            if publish:
+                self._enter(Phase.PUBLISHING_DNS01)
+                await run(
+                    DNS,
+                    DnsActivities.publish_dns01,
+                    Dns01ChallengeInput(certificate_id=record.certificate_id, hostname=record.hostname),
+                )
+                self._check_stop()
             await self._wait_for_order(order_url, challenge_url, policy, accept_first, accept_unsure)
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
-            return await run(
+            issued = await run(
                 FINALIZE,
                 AcmeActivities.finalize_and_store,
                 FinalizeInput(
@@ -154,6 +176,9 @@ class Obtaining(CertificateBase):
                     issuer=self._state.issuer,
                 ),
             )
+            if method is ValidationMethod.DNS_01:
+                await self._withdraw_dns01(record)  # the order is valid: its TXT goes
+            return issued
         except ActivityError as err:
             if self._state.stop is not None:
                 raise Stopped() from None

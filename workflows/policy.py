@@ -9,13 +9,22 @@ from datetime import datetime, timedelta
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
 
-DNS_CODES = frozenset({ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA})
-"""The DNS check's codes (histories from before ACME_CAA also carry DNS_CAA from the
-CA's own CAA check)."""
+DNS_CODES = frozenset(
+    {ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA, ErrorCode.DNS_DELEGATION, ErrorCode.DNS_PERSIST}
+)
+"""The DNS check's codes: no method ready, or CAA refusing (histories from before
+ACME_CAA also carry DNS_CAA from the CA's own CAA check)."""
 
-RECHECK_CODES = DNS_CODES | {ErrorCode.HTTP01_UNREACHABLE}
+UNSENT_CHALLENGE_CODES = frozenset(
+    {ErrorCode.HTTP01_UNREACHABLE, ErrorCode.DNS01_UPDATE, ErrorCode.DNS01_NOT_VISIBLE}
+)
+"""A challenge not ready to accept yet: the HTTP-01 self-check failed, or our dns-01
+TXT is not written or not on every server. The CA was never asked to validate, so
+the order is kept."""
+
+RECHECK_CODES = DNS_CODES | UNSENT_CHALLENGE_CODES
 """Codes that wait on the DNS backoff (``dns_recheck_delay``) with the failure budget
-untouched: the DNS codes and the HTTP-01 self-check's HTTP01_UNREACHABLE."""
+untouched: the DNS codes and a challenge not ready to accept."""
 
 TERMINAL_CODES = frozenset({ErrorCode.ACME_REJECTED})
 """Codes that make a certificate FAILED at once and get no slow automatic retry: the
@@ -53,7 +62,8 @@ def decide_outcome(
     ACME_INVALID_ORDER; the workflow then orders nothing more from that CA until
     its own reading of CAA changes (``CaaDisagreement``).
 
-    HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept) waits like the
+    HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept), DNS01_UPDATE and
+    DNS01_NOT_VISIBLE (our dns-01 TXT not written, or not on every server) wait like the
     DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
     order, which is still valid since the CA was never asked to validate; the
     status is PENDING (the renewal status during a renewal), as for the DNS codes.
@@ -69,7 +79,7 @@ def decide_outcome(
         return Outcome(
             status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
         )
-    if code is ErrorCode.HTTP01_UNREACHABLE:
+    if code in UNSENT_CHALLENGE_CODES:
         # The order stays for the next try (the CA was never asked to validate), the
         # status says what the product must fix: still PENDING (SPEC §4).
         return Outcome(

@@ -13,6 +13,7 @@ with workflow.unsafe.imports_passed_through():
         CertificateState,
         CertificateStatus,
         Phase,
+        ValidationMethod,
     )
     from workflows.run_state import StopRequest
     from workflows.steps import (
@@ -38,6 +39,8 @@ class Stopping(CertificateBase):
             update={"status": CertificateStatus.CANCELED, "order_url": None, "challenge_url": None}
         )
         self._set_record(record)
+        if open_order.order_url and record.validation_method is ValidationMethod.DNS_01:
+            await self._withdraw_dns01(record)
         if open_order.order_url:
             try:
                 await run(

@@ -71,6 +71,7 @@ from certflow.models import (
     OrderProgress,
     PlaceOrderInput,
     RenewalAdvice,
+    ValidationMethod,
     WaitForOrderInput,
 )
 from certflow.settings import KeyType
@@ -275,6 +276,7 @@ class IssuerOrders:
         hostname: str,
         kind: OrderKind = OrderKind.NEW,
         certificate_id: str | None = None,
+        methods: Sequence[ValidationMethod] = (),
     ) -> OpenedOrder:
         """Send new-order, unless a cooldown in a scope that applies holds this kind of
         order back; at most ``max_orders_in_flight`` at a time for the account. A
@@ -293,7 +295,7 @@ class IssuerOrders:
             ):
                 # A refusal may have come while this order waited for its slot.
                 await self._raise_if_held(hostname, kind)
-                return await self._send_new_order(hostname, replaces, certificate_id)
+                return await self._send_new_order(hostname, replaces, certificate_id, methods)
         except NoOrderSlotError as err:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_RATE_LIMITED,
@@ -323,11 +325,15 @@ class IssuerOrders:
         )
 
     async def _send_new_order(
-        self, hostname: str, replaces: str | None, certificate_id: str | None
+        self,
+        hostname: str,
+        replaces: str | None,
+        certificate_id: str | None,
+        methods: Sequence[ValidationMethod] = (),
     ) -> OpenedOrder:
         try:
             return await self._call(
-                lambda client: self._open_order(client, hostname, replaces),
+                lambda client: self._open_order(client, hostname, replaces, methods),
                 hostname=hostname,
             )
         except AcmeProblemError as err:
@@ -353,7 +359,7 @@ class IssuerOrders:
                 extra={"detail": err.detail, "problem_type": err.problem_type},
             )
         order = await self._call(
-            lambda client: self._open_order(client, hostname, None), hostname=hostname
+            lambda client: self._open_order(client, hostname, None, methods), hostname=hostname
         )
         if refusal is ReplacesRefusal.FIELD and malformed:
             # Our certID is well-formed and the order went through without it: this
@@ -384,7 +390,11 @@ class IssuerOrders:
         )
 
     def _open_order(
-        self, client: acme_client.ClientV2, hostname: str, replaces: str | None
+        self,
+        client: acme_client.ClientV2,
+        hostname: str,
+        replaces: str | None,
+        methods: Sequence[ValidationMethod] = (),
     ) -> OpenedOrder:
         new_order = RenewalOrder(
             identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=hostname)],
@@ -398,20 +408,29 @@ class IssuerOrders:
         order_url = response.headers["Location"]
         authorization_url = order.authorizations[0]
         authz = self._fetch_authorization(client, authorization_url)
-        for challb in authz.challenges:
-            if isinstance(challb.chall, challenges.HTTP01):
-                token = challb.chall.encode("token")
-                return OpenedOrder(
-                    order_url=order_url,
-                    authorization_url=authorization_url,
-                    challenge_url=challb.uri,
-                    token=token,
-                    key_authorization=self._clients.key_authorization(token),
-                    replaces=replaces,
-                )
+        # An unknown type (dns-persist-01 to acme 5.9) is an UnrecognizedChallenge,
+        # whose class has no ``typ``: the type is in its JSON.
+        offered = {str(challb.to_partial_json().get("type")): challb for challb in authz.challenges}
+        wanted = list(methods) or [ValidationMethod.HTTP_01]
+        for method in wanted:
+            challb = offered.get(str(method))
+            if challb is None:
+                continue
+            token = challb.chall.encode("token") if hasattr(challb.chall, "token") else ""
+            return OpenedOrder(
+                order_url=order_url,
+                authorization_url=authorization_url,
+                challenge_url=challb.uri,
+                token=token,
+                key_authorization=self._clients.key_authorization(token) if token else "",
+                replaces=replaces,
+                method=None if method is ValidationMethod.HTTP_01 and not methods else method,
+            )
+        names = ", ".join(str(m) for m in wanted)
         raise AcmeProblemError(
-            code=ErrorCode.ACME_TEMPORARY,
-            message=f"the CA offered no http-01 challenge for {hostname}",
+            code=ErrorCode.ACME_REJECTED,
+            message=f"the CA {self.name} offers no {names} challenge for {hostname}"
+            f" (it offers {', '.join(sorted(offered)) or 'none'})",
         )
 
     def _fetch_authorization(
@@ -449,10 +468,13 @@ class IssuerOrders:
             await certificates.choose_issuer(
                 self._pool, input.certificate_id, self.name, input.issuer_reason
             )
-        order = await self.new_order(input.hostname, input.kind, input.certificate_id)
+        order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
-        if not await certificates.persist_challenge(self._pool, input.certificate_id, order):
+        reason = input.method_reason
+        if reason is not None and input.methods and order.method is not input.methods[0]:
+            reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
+        if not await certificates.persist_challenge(self._pool, input.certificate_id, order, reason):
             raise ProvisioningError(
                 code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
             )
@@ -529,9 +551,20 @@ class IssuerOrders:
             # The CA's pacing wins: a Retry-After beyond the window ends it early.
             wait = max(interval, fetched.retry_after or 0.0)
             if now >= deadline or now + wait > deadline and fetched.retry_after:
+                if accepted and status is AcmeStatus.PENDING:
+                    await self._raise_if_authorization_failed(fetched.body)
                 return OrderProgress(status=status, retry_after_seconds=fetched.retry_after)
             await asyncio.sleep(min(wait, max(0.0, deadline - now)))
             interval = min(interval * 1.5, FAST_POLL_MAX)
+
+    async def _raise_if_authorization_failed(self, order: dict[str, Any]) -> None:
+        """An order still pending after its challenge was answered, whose
+        authorization is invalid, is invalid (RFC 8555 §7.1.6), whether or not the CA
+        says so yet (acme2certifier 0.46 leaves such an order pending for ever)."""
+        for url in list(order.get("authorizations") or []):
+            authz = await self._call(lambda client: self._post_as_get(client, url), poll=True)
+            if authz.body.get("status") == AcmeStatus.INVALID:
+                raise await self._invalid_order({**order, "authorizations": [url]})
 
     async def _invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
         """Explain an invalid order with the failed challenge's problem, when there is one."""

@@ -261,8 +261,9 @@ def _account_refusal(value: IssueValue, issuer: CaaIssuer) -> str | None:
     return None
 
 
-def _method_refusal(value: IssueValue) -> str | None:
-    """Why the RFC 8657 ``validationmethods`` parameter refuses http-01, or ``None``."""
+def _method_refusal(value: IssueValue, ours: str = VALIDATION_METHOD) -> str | None:
+    """Why the RFC 8657 ``validationmethods`` parameter refuses the method ``ours``,
+    or ``None``."""
     lists = _param_values(value, "validationmethods")
     if not lists:
         return None
@@ -278,16 +279,20 @@ def _method_refusal(value: IssueValue) -> str | None:
                 f"only with validationmethods={_short(methods)} "
                 "(malformed, so it allows no method)"
             )
-        if method == VALIDATION_METHOD:
+        if method == ours:
             return None
-    return f"only with validationmethods={_short(methods)} (we validate with {VALIDATION_METHOD})"
+    return f"only with validationmethods={_short(methods)} (we validate with {ours})"
 
 
 # --------------------------------------------------------------------------- pure decisions
 
 
 def _decide(
-    records: Sequence[CaaRecord], issuer: CaaIssuer, where: str, wildcard: bool
+    records: Sequence[CaaRecord],
+    issuer: CaaIssuer,
+    where: str,
+    wildcard: bool,
+    method: str = VALIDATION_METHOD,
 ) -> CaaVerdict:
     """RFC 8659 §4 / RFC 8657 over one non-empty RRset; ``where`` starts the reason."""
     for record in records:
@@ -318,7 +323,7 @@ def _decide(
             malformed.append(record.value)
         elif parsed.issuer in issuer.domains:
             conditions = [
-                c for c in (_account_refusal(parsed, issuer), _method_refusal(parsed)) if c
+                c for c in (_account_refusal(parsed, issuer), _method_refusal(parsed, method)) if c
             ]
             if not conditions:
                 return CaaVerdict(True, f"{where} allows {parsed.issuer}")
@@ -375,7 +380,11 @@ def caa_decision(
 
 
 def caa_allows(
-    found: CaaSet | None, issuer: CaaIssuer | str, *, wildcard: bool = False
+    found: CaaSet | None,
+    issuer: CaaIssuer | str,
+    *,
+    wildcard: bool = False,
+    method: str = VALIDATION_METHOD,
 ) -> CaaVerdict:
     """Judge the deciding CAA set :func:`find_caa_set` returned for one CA.
 
@@ -386,7 +395,7 @@ def caa_allows(
     """
     if found is None:
         return CaaVerdict(True, "no CAA records up to the TLD, so any CA may issue")
-    verdict = _decide(found.records, CaaIssuer.of(issuer), found.location, wildcard)
+    verdict = _decide(found.records, CaaIssuer.of(issuer), found.location, wildcard, method)
     if found.name != found.hostname:
         return CaaVerdict(verdict.allowed, f"{verdict.reason} (applies to {found.hostname})")
     return verdict
@@ -498,29 +507,48 @@ class IssuersAllowed:
     names: list[str]
     reason: str
     reading: str
+    method: str = VALIDATION_METHOD
+    """The validation method CAA was judged for (the first one it allows)."""
 
 
 async def allowed_issuers(
-    hostname: str, issuers: Sequence[tuple[str, CaaIssuer]], lookup: CaaLookup
+    hostname: str,
+    issuers: Sequence[tuple[str, CaaIssuer]],
+    lookup: CaaLookup,
+    methods: Sequence[str] = (VALIDATION_METHOD,),
 ) -> IssuersAllowed:
     """The names of the ``issuers`` (name, CA) that CAA lets issue for ``hostname``,
     in the order given, and the reason for the first; one CAA set decides for all.
 
     Raises ``DnsCheckError(DNS_CAA)`` when CAA allows none of them, naming the
     issuer domains it would have to allow, and ``DnsCheckError(ACME_TEMPORARY)``
-    when a lookup fails.
+    when a lookup fails. ``methods``: the validation methods ready, in order of
+    preference: the first that CAA allows some issuer to use decides
+    (``IssuersAllowed.method``). A wildcard (``*.``) is judged on its base name with
+    ``issuewild``.
     """
+    wildcard = hostname.startswith("*.")
+    base = hostname[2:] if wildcard else hostname
     expected = ", ".join(_unique(d for _, issuer in issuers for d in issuer.domains))
     try:
-        found = await find_caa_set(hostname, lookup)
+        found = await find_caa_set(base, lookup)
     except DnsCheckError as err:
         err.expected = expected
         raise
-    verdicts = [(name, caa_allows(found, issuer)) for name, issuer in issuers]
-    allowed = [name for name, verdict in verdicts if verdict.allowed]
-    if allowed:
-        first = next(verdict for name, verdict in verdicts if name == allowed[0])
-        return IssuersAllowed(allowed, first.reason, caa_reading(found))
+    verdicts: list[tuple[str, CaaVerdict]] = []
+    for method in methods:
+        verdicts = [
+            (name, caa_allows(found, issuer, wildcard=wildcard, method=method))
+            for name, issuer in issuers
+        ]
+        allowed = [name for name, verdict in verdicts if verdict.allowed]
+        if allowed:
+            first = next(verdict for name, verdict in verdicts if name == allowed[0])
+            return IssuersAllowed(allowed, first.reason, caa_reading(found), method)
+    verdicts = [
+        (name, caa_allows(found, issuer, wildcard=wildcard, method=methods[0]))
+        for name, issuer in issuers
+    ]
     assert found is not None  # no set at all permits every CA
     reason = verdicts[0][1].reason
     if len(issuers) > 1:

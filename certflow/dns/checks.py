@@ -1,5 +1,7 @@
-"""The DNS pre-checks of one hostname before an order (SPEC §3.1): the CNAME chain to
-the edge and CAA for every configured CA, against the configured resolver."""
+"""The DNS pre-checks of one hostname before an order (SPEC §3.1), against the
+configured resolver: which validation method is ready (a persist record, the
+delegation of ``_acme-challenge`` into our zone, the CNAME to the edge), and CAA
+for every configured CA and that method."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from dataclasses import dataclass
 
 import dns.rcode
 import dns.rdatatype
+import dns.rdtypes.ANY.NS
+import dns.rdtypes.ANY.TXT
 
 from certflow.dns.caa import (
     _ISSUER_DOMAIN_RE,
@@ -17,6 +21,8 @@ from certflow.dns.caa import (
     parse_caa_response,
 )
 from certflow.dns.cname import follow_cname_chain
+from certflow.dns.dns01 import Dns01Zone, check_delegation, probe
+from certflow.dns.persist import check_persist, persist_record
 from certflow.dns.lookup import (
     DNS_TIMEOUT_SECONDS,
     CnameAnswer,
@@ -29,10 +35,10 @@ from certflow.dns.lookup import (
     rrsets,
     unique as _unique,
 )
-from certflow.errors import ConfigError
-from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.errors import ConfigError, DnsCheckError, ErrorCode, ProvisioningError
+from certflow.hostnames import InvalidHostnameError, is_wildcard, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER
-from certflow.models import DnsVerdict
+from certflow.models import DnsRecord, DnsVerdict, MethodReadiness, RequestedMethod, ValidationMethod
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,11 @@ class DnsChecker:
     preference, or a function giving them as they are now (an account registered
     after start-up brings its URL for RFC 8657); empty: the one CA of
     ``caa_issuer_domain`` and ``account_uri``."""
+    dns01: Dns01Zone | None = None
+    """Delegated dns-01's zone (None: dns-01 is never ready)."""
+    persist_issuers: frozenset[str] = frozenset()
+    """The issuers (by name) that offer dns-persist-01 (the issuer setting
+    ``dns_persist``); none: dns-persist-01 is never ready."""
 
     def __post_init__(self) -> None:
         parse_resolver_address(self.resolver)
@@ -88,18 +99,144 @@ class DnsChecker:
         listed = self.issuers() if callable(self.issuers) else self.issuers
         return listed or ((DEFAULT_ISSUER, self.caa_issuer),)
 
-    async def check(self, hostname: str) -> DnsVerdict:
-        """Run the CNAME check, then the CAA check, for ``hostname``: the names of
-        the issuers CAA allows, in order of preference, and the CAA set as read.
+    async def check(
+        self, hostname: str, requested: RequestedMethod = RequestedMethod.AUTO
+    ) -> DnsVerdict:
+        """Which validation methods are ready for ``hostname`` (the one requested,
+        or with ``auto`` each in order: dns-persist-01, dns-01, http-01), then CAA:
+        the issuers it allows, in order of preference, for the first ready method
+        it allows; the methods ready, and the CAA set as read.
 
-        Raises ``DnsCheckError`` (DNS_CNAME, DNS_CAA or ACME_TEMPORARY), or
-        ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
+        Raises ``DnsCheckError`` (DNS_CNAME, DNS_DELEGATION, DNS_PERSIST, DNS_CAA or
+        ACME_TEMPORARY), or ``InvalidHostnameError`` when ``hostname`` is not a
+        valid name at all.
         """
-        await self.check_cname(hostname)
+        host = normalize_hostname(hostname)
+        ready: list[tuple[ValidationMethod, str, list[str] | None]] = []
+        failures: list[tuple[ValidationMethod, DnsCheckError]] = []
+        for method in self.candidates(host, requested):
+            try:
+                reason, only = await self._ready(host, method)
+            except DnsCheckError as err:
+                failures.append((method, err))
+            else:
+                ready.append((method, reason, only))
+        if not ready:
+            raise self._none_ready(host, requested, failures)
         allowed = await allowed_issuers(
-            normalize_hostname(hostname), self.caa_issuers, self.lookup_caa
+            host, self.caa_issuers, self.lookup_caa, [str(m) for m, _, _ in ready]
         )
-        return DnsVerdict(allowed_issuers=allowed.names, caa_reading=allowed.reading)
+        method, reason, only = next(r for r in ready if str(r[0]) == allowed.method)
+        names = [n for n in allowed.names if only is None or n in only]
+        if not names:
+            raise DnsCheckError(
+                ErrorCode.DNS_PERSIST,
+                f"{reason}, but CAA allows none of the CAs it names ({', '.join(only or [])})",
+            )
+        methods = [m for m, _, _ in ready[ready.index((method, reason, only)):]]
+        return DnsVerdict(
+            allowed_issuers=names, caa_reading=allowed.reading, methods=methods, method_reason=reason
+        )
+
+    async def readiness(self, hostname: str) -> list[MethodReadiness]:
+        """Each validation method this deployment offers: ready or not for
+        ``hostname``, and the exact record the customer adds for it (``check``,
+        ``status``: what a product shows next to a "verify" button)."""
+        host = normalize_hostname(hostname)
+        found: list[MethodReadiness] = []
+        for method in (ValidationMethod.HTTP_01, ValidationMethod.DNS_01, ValidationMethod.DNS_PERSIST_01):
+            record = self.record_for(host, method)
+            try:
+                detail, _ = await self._ready(host, method)
+            except DnsCheckError as err:
+                if _not_set_up(err):
+                    continue
+                found.append(MethodReadiness(method=method, ready=False, detail=err.message, record=record))
+            else:
+                found.append(MethodReadiness(method=method, ready=True, detail=detail, record=record))
+        return found
+
+    def record_for(self, hostname: str, method: ValidationMethod) -> DnsRecord | None:
+        """The record a customer adds so that ``method`` is ready (None: this
+        deployment cannot say, e.g. no CA offers dns-persist-01)."""
+        if method is ValidationMethod.HTTP_01:
+            return None if is_wildcard(hostname) else DnsRecord(name=hostname, type="CNAME", value=self.cname_target)
+        if method is ValidationMethod.DNS_01:
+            return None if self.dns01 is None else self.dns01.delegation(hostname)
+        for name, issuer in self.caa_issuers:
+            if name in self.persist_issuers and issuer.account_uri and issuer.domains:
+                return persist_record(hostname, issuer.domains[0], issuer.account_uri)
+        return None
+
+    def candidates(self, hostname: str, requested: RequestedMethod) -> list[ValidationMethod]:
+        """The methods to try, in order of preference."""
+        if requested is not RequestedMethod.AUTO:
+            return [ValidationMethod(str(requested))]
+        order = [ValidationMethod.DNS_PERSIST_01, ValidationMethod.DNS_01, ValidationMethod.HTTP_01]
+        if is_wildcard(hostname):
+            order.remove(ValidationMethod.HTTP_01)  # a CA never validates a wildcard over HTTP
+        return order
+
+    async def _ready(self, host: str, method: ValidationMethod) -> tuple[str, list[str] | None]:
+        """Why ``method`` is ready for ``host``, and the issuers it is ready for (None:
+        any); DnsCheckError when it is not."""
+        if method is ValidationMethod.HTTP_01:
+            if is_wildcard(host):
+                raise DnsCheckError(
+                    ErrorCode.DNS_CNAME,
+                    f"{host} is a wildcard: a CA validates it over DNS only (dns-01 or dns-persist-01)",
+                )
+            return await self.check_cname(host), None
+        if method is ValidationMethod.DNS_01:
+            if self.dns01 is None:
+                raise DnsCheckError(ErrorCode.DNS_DELEGATION, _NO_DNS01)
+            delegated = await check_delegation(host, self.dns01, self.lookup_cname)
+            try:
+                await probe(self.dns01)  # our side too, before any order is placed
+            except ProvisioningError as err:
+                raise DnsCheckError(err.code, err.message) from None
+            return delegated, None
+        offering = [(n, i) for n, i in self.caa_issuers if n in self.persist_issuers]
+        if not offering:
+            raise DnsCheckError(ErrorCode.DNS_PERSIST, _NO_PERSIST_CA)
+        found: list[tuple[str, str]] = []
+        errors: list[DnsCheckError] = []
+        for name, issuer in offering:
+            try:
+                reason = await check_persist(host, issuer.domains, issuer.account_uri, self.lookup_txt)
+            except DnsCheckError as err:
+                errors.append(err)
+            else:
+                found.append((name, reason))
+        if not found:
+            raise errors[0]
+        return found[0][1], [name for name, _ in found]
+
+    def _none_ready(
+        self,
+        host: str,
+        requested: RequestedMethod,
+        failures: list[tuple[ValidationMethod, DnsCheckError]],
+    ) -> DnsCheckError:
+        """No method ready: the requested one's error; with ``auto``, the routing
+        check's (the edge's CNAME, as before DNS validation), naming what else
+        would do, or for a wildcard the DNS methods' errors."""
+        if requested is not RequestedMethod.AUTO or len(failures) == 1:
+            return failures[0][1]
+        by_method = dict(failures)
+        http = by_method.get(ValidationMethod.HTTP_01)
+        others = [
+            f"{method}: {err.message}"
+            for method, err in failures
+            if method is not ValidationMethod.HTTP_01 and not _not_set_up(err)
+        ]
+        if http is not None:
+            if others:
+                http.message += "; or, before the traffic moves: " + "; ".join(others)
+            return http
+        first = next((err for _, err in failures if not _not_set_up(err)), failures[0][1])
+        first.message = "; ".join(f"{method}: {err.message}" for method, err in failures)
+        return first
 
     async def check_cname(self, hostname: str) -> str:
         """The CNAME check alone; what was found when it passes."""
@@ -136,9 +273,43 @@ class DnsChecker:
             )
         return _unique(rdata.to_text() for rrset in rrsets(response, kind) for rdata in rrset)
 
+    async def lookup_txt(self, name: str) -> list[str]:
+        """The TXT records at ``name`` (the resolver follows CNAMEs), each record's
+        character-strings joined; none for NXDOMAIN."""
+        response = await query(
+            name, dns.rdatatype.TXT, parse_resolver_address(self.resolver), self.timeout
+        )
+        return [
+            b"".join(rdata.strings).decode("utf-8", "backslashreplace")
+            for rrset in rrsets(response, dns.rdatatype.TXT)
+            for rdata in rrset
+            if isinstance(rdata, dns.rdtypes.ANY.TXT.TXT)
+        ]
+
+    async def lookup_ns(self, zone: str) -> list[str]:
+        """The NS names of ``zone``, through the resolver."""
+        response = await query(
+            zone, dns.rdatatype.NS, parse_resolver_address(self.resolver), self.timeout
+        )
+        return _unique(
+            _canonical(rdata.target.to_text())
+            for rrset in rrsets(response, dns.rdatatype.NS)
+            for rdata in rrset
+            if isinstance(rdata, dns.rdtypes.ANY.NS.NS)
+        )
+
     async def lookup_caa(self, name: str) -> CaaAnswerSet:
         """The CNAME chain and CAA records in the resolver's answer for ``name``."""
         response = await query(
             name, dns.rdatatype.CAA, parse_resolver_address(self.resolver), self.timeout
         )
         return parse_caa_response(response)
+
+
+_NO_DNS01 = "dns-01 is not set up on this worker (CERTFLOW_DNS01_ZONE, _PRIMARY, _TSIG_KEY)"
+_NO_PERSIST_CA = "no configured CA offers dns-persist-01 (the issuer setting dns_persist)"
+
+
+def _not_set_up(err: DnsCheckError) -> bool:
+    """A method this deployment does not offer: nothing a customer could fix."""
+    return err.message in (_NO_DNS01, _NO_PERSIST_CA)

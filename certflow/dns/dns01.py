@@ -36,7 +36,7 @@ from certflow.dns.lookup import (
     canonical,
     parse_resolver_address,
 )
-from certflow.errors import ConfigError, DnsCheckError, ErrorCode, ProvisioningError
+from certflow.errors import DnsCheckError, ErrorCode, ProvisioningError
 from certflow.models import DnsRecord
 
 CHALLENGE_LABEL = "_acme-challenge"
@@ -63,20 +63,21 @@ class TsigKey:
 
     @classmethod
     def parse(cls, text: str) -> TsigKey:
-        """``name:algorithm:base64-secret``, as knotc and nsupdate write keys."""
+        """``name:algorithm:base64-secret``, as knotc and nsupdate write keys;
+        ValueError (never quoting the secret) when it is not one."""
         parts = text.strip().split(":")
         if len(parts) != 3 or not all(parts):
-            raise ConfigError("CERTFLOW_DNS01_TSIG_KEY: expected name:algorithm:base64-secret")
+            raise ValueError("expected name:algorithm:base64-secret")
         name, algorithm, secret = parts
         if algorithm.lower() not in _TSIG_ALGORITHMS:
             known = ", ".join(_TSIG_ALGORITHMS)
-            raise ConfigError(f"CERTFLOW_DNS01_TSIG_KEY: algorithm {algorithm!r} is not one of {known}")
+            raise ValueError(f"algorithm {algorithm!r} is not one of {known}")
         try:
             raw = base64.b64decode(secret, validate=True)
         except binascii.Error:
-            raise ConfigError("CERTFLOW_DNS01_TSIG_KEY: the secret is not base64") from None
+            raise ValueError("the secret is not base64") from None
         if len(raw) < 16:
-            raise ConfigError("CERTFLOW_DNS01_TSIG_KEY: the secret is shorter than 16 bytes")
+            raise ValueError("the secret is shorter than 16 bytes")
         return cls(canonical(name), algorithm.lower(), raw)
 
 
@@ -159,7 +160,7 @@ def _update(zone: Dns01Zone) -> dns.update.UpdateMessage:
     return dns.update.UpdateMessage(
         zone.zone + ".",
         keyring=keyring,
-        keyname=zone.key.name,
+        keyname=dns.name.from_text(zone.key.name),
         keyalgorithm=_TSIG_ALGORITHMS[zone.key.algorithm],
     )
 
@@ -193,6 +194,17 @@ async def publish(zone: Dns01Zone, hostname: str, value: str) -> None:
     update.delete(owner, "TXT")
     update.add(owner, TXT_TTL, "TXT", f'"{value}"')
     await _send(zone, update, f"write the TXT of {zone.target(hostname)}")
+
+
+PROBE_LABEL = "_certflow-probe"
+
+
+async def probe(zone: Dns01Zone) -> None:
+    """A signed update that changes nothing (the delete of a TXT never written), so a
+    wrong key or a primary that refuses updates shows before any order is placed."""
+    update = _update(zone)
+    update.delete(PROBE_LABEL, "TXT")
+    await _send(zone, update, "accept a signed update")
 
 
 async def withdraw(zone: Dns01Zone, hostname: str) -> None:

@@ -157,23 +157,34 @@ class SniCertificates:
     # -- serving ------------------------------------------------------------------------
 
     def serial_for(self, hostname: str) -> str | None:
-        stored = self._stored.get(hostname.lower().rstrip("."))
-        return stored.serial if stored else None
+        served = self._served_name(hostname)
+        return self._stored[served].serial if served else None
+
+    def _served_name(self, hostname: str) -> str | None:
+        """Whose certificate a name is served: its own, else a wildcard's one label
+        up (``a.shop.example.com`` by ``*.shop.example.com``, never ``a.b.shop...``)."""
+        name = hostname.lower().rstrip(".")
+        if name in self._stored:
+            return name
+        _, dot, parent = name.partition(".")
+        wildcard = f"*.{parent}"
+        return wildcard if dot and parent and wildcard in self._stored else None
 
     @property
     def cached_contexts(self) -> int:
         return len(self._contexts)
 
     def context_for(self, hostname: str) -> ssl.SSLContext | None:
-        """The TLS context of hostname's current certificate (built now if not cached)."""
-        name = hostname.lower().rstrip(".")
+        """The TLS context of hostname's current certificate, or of a wildcard's that
+        covers it (an exact hostname wins); built now if not cached."""
+        name = self._served_name(hostname)
+        if name is None:
+            return None
         context = self._contexts.get(name)
         if context is not None:
             self._contexts.move_to_end(name)
             return context
-        stored = self._stored.get(name)
-        if stored is None:
-            return None
+        stored = self._stored[name]
         context = _server_context(stored.leaf_pem + stored.chain_pem, self._key.decrypt(stored.encrypted_key))
         self._contexts[name] = context
         if len(self._contexts) > self.cache_size:

@@ -21,6 +21,8 @@ from certflow.models import (
     OrderKind,
     Outcome,
     RenewalAdvice,
+    RequestedMethod,
+    ValidationMethod,
 )
 
 _RECORD_COLUMNS = """
@@ -30,6 +32,7 @@ _RECORD_COLUMNS = """
     c.http_challenge_url AS challenge_url, c.ssl_not_before AS not_before,
     c.ssl_expires_at AS expires_at, c.ari_window_start, c.ari_window_end, c.ssl_serial AS serial,
     c.ssl_issuer AS issuer, c.order_issuer, c.ssl_issued_at AS issued_at,
+    c.requested_method, c.validation_method,
     CASE
         WHEN $2::text IS NULL THEN false
         WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
@@ -44,26 +47,36 @@ def _record(row: asyncpg.Record) -> CertificateRecord:
 
 
 async def ensure_certificate(
-    pool: asyncpg.Pool, hostname: str, tenant_id: str | None, managed_base_domain: str | None
+    pool: asyncpg.Pool,
+    hostname: str,
+    tenant_id: str | None,
+    managed_base_domain: str | None,
+    method: RequestedMethod | None = None,
 ) -> CertificateRecord:
     """The row for hostname, inserted as PENDING when missing, marked as having a
-    workflow (reconcile then leaves it alone): one statement."""
+    workflow (reconcile then leaves it alone): one statement. A method given (a
+    backend's workflow input) becomes the row's."""
     row = await pool.fetchrow(
         f"""
-        INSERT INTO certificates AS c (hostname, tenant_id, workflow_seen_at)
-        VALUES ($1, $3, now())
-        ON CONFLICT (hostname) DO UPDATE SET workflow_seen_at = now()
+        INSERT INTO certificates AS c (hostname, tenant_id, workflow_seen_at, requested_method)
+        VALUES ($1, $3, now(), coalesce($4, 'auto'))
+        ON CONFLICT (hostname) DO UPDATE SET
+            workflow_seen_at = now(),
+            requested_method = coalesce($4, c.requested_method)
         RETURNING {_RECORD_COLUMNS}
         """,
         hostname,
         managed_base_domain,
         tenant_id,
+        None if method is None else str(method),
     )
     assert row is not None
     return _record(row)
 
 
-async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: OpenedOrder) -> bool:
+async def persist_challenge(
+    pool: asyncpg.Pool, certificate_id: str, order: OpenedOrder, method_reason: str | None = None
+) -> bool:
     """Record the open order and move PENDING → PROVISIONING (a renewal, RENEWING or
     EXPIRED, keeps its status).
 
@@ -77,6 +90,7 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
                           ELSE 'PROVISIONING' END,
             http_challenge_token = $2, http_challenge_key_auth = $3,
             http_challenge_url = $4, http_order_url = $5, http_order_replaces = $6,
+            validation_method = $7, validation_reason = coalesce($8, validation_reason),
             provisioning_error = NULL, provisioning_error_message = NULL,
             ssl_last_attempt_at = now(), updated_at = now()
         WHERE id = $1::uuid
@@ -90,8 +104,18 @@ async def persist_challenge(pool: asyncpg.Pool, certificate_id: str, order: Open
         order.challenge_url,
         order.order_url,
         order.replaces,
+        str(order.method or ValidationMethod.HTTP_01),
+        method_reason,
     )
     return bool(result)
+
+
+async def requested_method(pool: asyncpg.Pool, hostname: str) -> RequestedMethod:
+    """The validation method the row's request asked for (``auto`` when no row)."""
+    value = await pool.fetchval(
+        "SELECT requested_method FROM certificates WHERE hostname = $1", hostname
+    )
+    return RequestedMethod(value) if value is not None else RequestedMethod.AUTO
 
 
 async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOrder | None:
@@ -99,7 +123,7 @@ async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOr
     row = await pool.fetchrow(
         """
         SELECT http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth,
-               http_order_replaces
+               http_order_replaces, validation_method
         FROM certificates
         WHERE id = $1::uuid AND http_order_url IS NOT NULL AND http_challenge_token IS NOT NULL
         """,
@@ -113,6 +137,7 @@ async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOr
         token=row["http_challenge_token"],
         key_authorization=row["http_challenge_key_auth"],
         replaces=row["http_order_replaces"],
+        method=row["validation_method"],
     )
 
 
@@ -259,6 +284,7 @@ async def challenge_key_authorization(pool: asyncpg.Pool, token: str, hostname: 
         """
         SELECT http_challenge_key_auth FROM certificates
         WHERE http_challenge_token = $1 AND hostname = $2
+          AND coalesce(validation_method, 'http-01') = 'http-01'
         UNION ALL
         SELECT key_authorization FROM http01_probes
         WHERE token = $1 AND hostname = $2 AND expires_at > now()
@@ -293,12 +319,16 @@ OWNED_ELSEWHERE = "refused: requested by another tenant"
 
 
 async def request_certificates(
-    pool: asyncpg.Pool, hostnames: Sequence[str], tenant_id: str | None
+    pool: asyncpg.Pool,
+    hostnames: Sequence[str],
+    tenant_id: str | None,
+    method: RequestedMethod | None = None,
 ) -> list[str]:
     """Upsert the rows a product asks for, in one statement; a canceled one is
     requested again. A hostname of another tenant is refused: then nothing is
     written but an event on each such row, and their names are returned. A request
-    without a tenant keeps the row's; a row without one takes the requester's."""
+    without a tenant keeps the row's; a row without one takes the requester's. A
+    request without a method keeps the row's (``auto`` for a new row)."""
     refused: list[str] = await pool.fetchval(
         """
         WITH owned AS (
@@ -310,10 +340,13 @@ async def request_certificates(
             SELECT id, hostname, status, status, $3 FROM owned
             RETURNING hostname
         ), upserted AS (
-            INSERT INTO certificates AS c (hostname, tenant_id)
-            SELECT h, $2 FROM unnest($1::text[]) AS h WHERE NOT EXISTS (SELECT 1 FROM owned)
+            INSERT INTO certificates AS c (hostname, tenant_id, requested_method)
+            SELECT h, $2, coalesce($4, 'auto') FROM unnest($1::text[]) AS h
+            WHERE NOT EXISTS (SELECT 1 FROM owned)
             ON CONFLICT (hostname) DO UPDATE SET
                 tenant_id = coalesce(c.tenant_id, EXCLUDED.tenant_id),
+                requested_method = CASE WHEN $4::text IS NULL THEN c.requested_method
+                                        ELSE EXCLUDED.requested_method END,
                 status = CASE WHEN c.status = 'CANCELED' THEN 'PENDING' ELSE c.status END,
                 updated_at = now()
             -- Also against a row another tenant inserted since ``owned`` was read.
@@ -329,6 +362,7 @@ async def request_certificates(
         list(hostnames),
         tenant_id,
         OWNED_ELSEWHERE,
+        None if method is None else str(method),
     )
     return refused
 

@@ -66,7 +66,7 @@ async def test_request_wait_exits_1_when_not_all_active(deployment: Deployment) 
 
 @pytest.mark.parametrize(
     "bad",
-    ["*.wild.test", "192.0.2.1", "localhost", "a..b.test", "under_score.test", "x" * 300 + ".test"],
+    ["*.*.wild.test", "192.0.2.1", "localhost", "a..b.test", "under_score.test", "x" * 300 + ".test"],
 )
 async def test_bad_hostname_writes_nothing_and_starts_nothing(
     deployment: Deployment, db: asyncpg.Pool, bad: str

@@ -68,10 +68,11 @@ BAD_HOSTNAMES: list[tuple[str, str | bytes]] = [
     ("hyphens-3-4", "ab--cd.example.com"),
     ("numeric-tld", "shop.example.123"),
     # wildcards
-    ("wildcard", "*.example.com"),
+    ("wildcard-twice", "*.*.example.com"),
+    ("wildcard-under-a-public-suffix", "*.co.uk"),
     ("wildcard-bare", "*."),
     ("wildcard-inner", "shop.*.example.com"),
-    ("wildcard-fullwidth", "\uff0a.example.com"),
+    ("wildcard-fullwidth", "\uff0a.\uff0a.example.com"),
     # IP literals
     ("ipv4", "127.0.0.1"),
     ("ipv4-dot", "10.0.0.1."),

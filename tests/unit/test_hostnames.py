@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.hostnames import is_wildcard, InvalidHostnameError, normalize_hostname
 
 LABEL_63 = "a" * 63
 NAME_253 = ".".join([LABEL_63, LABEL_63, LABEL_63, "a" * 61])
@@ -65,10 +65,12 @@ BAD: list[tuple[Any, tuple[str, ...]]] = [
     ("fe80::1%eth0", ("ip address",)),
     ("1.2.3", ("numeric",)),
     ("example.123", ("numeric",)),
-    ("*.example.com", ("wildcard",)),
+    ("*.com", ("single-label",)),  # a wildcard's base is a hostname too
+    ("*.co.uk", ("public suffix",)),  # never directly under a public suffix
+    ("*.*.example.com", ("wildcard",)),
     ("a.*.b", ("wildcard",)),
     ("a*.example.com", ("wildcard",)),
-    ("＊.example.com", ("wildcard",)),  # full-width asterisk maps to "*"
+    ("＊.com", ("single-label",)),  # full-width asterisk maps to "*"
     ("localhost", ("single-label",)),
     ("LOCALHOST.", ("single-label",)),
     ("com", ("single-label",)),
@@ -118,6 +120,19 @@ BAD: list[tuple[Any, tuple[str, ...]]] = [
     ("\u202egoogle.com", ("idna",)),  # right-to-left override
     ("٣.com", ("idna",)),  # bidi rule
 ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [("*.Shop.Example.com.", "*.shop.example.com"), ("＊.shop.example.com", "*.shop.example.com"),
+     ("*.bücher.example", "*.xn--bcher-kva.example")],
+)
+def test_a_wildcard_is_a_hostname_for_the_dns_methods(raw: str, expected: str) -> None:
+    """``*.<name>``: valid (issued over dns-01 or dns-persist-01 only), normalized
+    like its base name, and recognized as a wildcard."""
+    assert normalize_hostname(raw) == expected
+    assert is_wildcard(normalize_hostname(raw))
+    assert not is_wildcard(normalize_hostname(raw)[2:])
 
 
 def test_bad_table_is_big_enough() -> None:

@@ -46,7 +46,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from certflow.errors import ErrorCode
-from certflow.models import AcmeStatus
+from certflow.models import AcmeStatus, RequestedMethod, ValidationMethod
 from certflow.models import (
     AcceptChallengeInput,
     CertificateInput,
@@ -54,6 +54,7 @@ from certflow.models import (
     CertificateState,
     CertificateStatus,
     CheckDnsInput,
+    Dns01ChallengeInput,
     CreateOrderInput,
     DnsVerdict,
     EnsureCertificateInput,
@@ -184,6 +185,10 @@ class Row:
     issuer: str | None = None
     order_issuer: str | None = None
     issued_at: datetime | None = None
+    validation_method: ValidationMethod | None = None
+    requested_method: RequestedMethod = RequestedMethod.AUTO
+    dns01_txt: str | None = None
+    """The TXT publish_dns01 wrote in our zone for this hostname (None: none there)."""
 
     def record(self) -> CertificateRecord:
         return CertificateRecord(
@@ -205,10 +210,13 @@ class Row:
             issuer=self.issuer,
             order_issuer=self.order_issuer,
             issued_at=self.issued_at,
+            validation_method=self.validation_method,
+            requested_method=self.requested_method,
         )
 
     def clear_order(self) -> None:
         self.order_url = self.challenge_url = None
+        self.validation_method = None
 
 
 def renewal_at(
@@ -344,6 +352,18 @@ class Fakes:
         async def check_http01(input: Http01CheckInput) -> None:
             await self._enter("check_http01", input)
 
+        @activity.defn(name="publish_dns01")
+        async def publish_dns01(input: Dns01ChallengeInput) -> None:
+            result, _ = await self._enter("publish_dns01", input)
+            if result is DEFAULT:
+                row.dns01_txt = f"txt-of-{row.order_url}"
+
+        @activity.defn(name="withdraw_dns01")
+        async def withdraw_dns01(input: Dns01ChallengeInput) -> None:
+            result, _ = await self._enter("withdraw_dns01", input)
+            if result is DEFAULT:
+                row.dns01_txt = None
+
         @activity.defn(name="place_order")
         async def place_order(input: PlaceOrderInput) -> OpenedOrder:
             if input.issuer is not None and row.order_url is None:
@@ -354,7 +374,8 @@ class Fakes:
             if row.order_url is not None and not row.deleted:  # persisted by an earlier try
                 return order(int(row.order_url.rsplit("/", 1)[1]))
             self.orders_created += 1
-            placed = order(self.orders_created)
+            method = input.methods[0] if input.methods else None
+            placed = order(self.orders_created).model_copy(update={"method": method})
             fresh = row.status in (
                 CertificateStatus.PENDING,
                 CertificateStatus.RENEWING,
@@ -366,6 +387,7 @@ class Fakes:
                 row.status = CertificateStatus.PROVISIONING
             row.order_url = placed.order_url
             row.challenge_url = placed.challenge_url
+            row.validation_method = method
             row.error_code = row.error_message = None
             return placed
 
@@ -559,6 +581,8 @@ class Fakes:
             ensure_certificate,
             check_dns,
             check_http01,
+            publish_dns01,
+            withdraw_dns01,
             place_order,
             create_order,
             persist_challenge,
@@ -694,7 +718,7 @@ class Run:
             return False
         if names[-1] in ("ensure_certificate", "load_certificate", "renewal_info"):
             return True
-        if names[-1] != "finalize_and_store":
+        if names[-1] not in ("finalize_and_store", "withdraw_dns01"):
             return False
         latest = await self.env.client.get_workflow_handle(self.handle.id).describe()
         if latest.status is not WorkflowExecutionStatus.RUNNING:

@@ -1,0 +1,410 @@
+"""Validation over DNS on real servers: delegated dns-01 before the traffic moves, and
+for wildcards.
+
+The stack: Knot serving ``test.`` (the customers' names) and two more Knot servers,
+a primary and its secondary, serving ``acme.test.`` — the zone certflow writes
+challenge TXTs into with TSIG-signed RFC 2136 updates (devstack/dns01zone.py) —
+Unbound resolving for certflow and for Pebble, which validates dns-01 through it;
+the fault proxy in front of Pebble counts what the CA was asked. Every wait is on
+a condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import secrets
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from certflow.client import CertflowClient
+from certflow.crypto import EncryptionKey
+from certflow.dns.dns01 import delegation_label
+from certflow.edge.serving import SniCertificates
+from certflow.models import RequestedMethod
+from certflow.settings import ClientSettings
+from devstack import servers
+from devstack.dns01zone import Dns01Zone, start_dns01_zone
+from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
+from devstack.realdns import RealDns, start_real_dns
+from tests.e2e.fault_fixtures import wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+EDGE = "edge.saas.test"
+NOWHERE = "127.0.0.9"  # a customer's current provider: nothing of ours listens there
+SHORT_POLICY = {
+    "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
+    "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
+    "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
+    "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
+    "CERTFLOW_FAILED_RETRY_SECONDS": "0",
+    "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+}
+
+
+@dataclass
+class CaView:
+    """What the CA was asked, per hostname: new orders created and the type of every
+    challenge POSTed."""
+
+    created: dict[str, list[str]] = field(default_factory=dict)
+    challenge_types: dict[str, str] = field(default_factory=dict)
+    """Challenge path → its type, learned from the authorizations the CA served."""
+    posted: list[tuple[str, str]] = field(default_factory=list)
+    """(challenge path, type) of each accept."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def install(self, proxy: FaultProxy) -> None:
+        proxy.on_forwarded(Endpoint.NEW_ORDER, self._on_new_order)
+        proxy.on_forwarded(Endpoint.AUTHZ, self._on_authz)
+        proxy.on_forwarded(Endpoint.CHALLENGE, self._on_challenge)
+
+    def _on_new_order(self, request: Forwarded) -> None:
+        if request.status == 201:
+            with self.lock:
+                for hostname in request.identifiers:
+                    self.created.setdefault(hostname, []).append(request.header("Location") or "")
+
+    def _on_authz(self, request: Forwarded) -> None:
+        if request.status == 200:
+            for challenge in json.loads(request.response_body).get("challenges", []):
+                with self.lock:
+                    self.challenge_types[urllib.parse.urlsplit(challenge["url"]).path] = challenge["type"]
+
+    def _on_challenge(self, request: Forwarded) -> None:
+        if request.method == "POST" and request.payload == b"{}" and request.status == 200:
+            path = urllib.parse.urlsplit(request.path).path
+            with self.lock:
+                self.posted.append((path, self.challenge_types.get(path, "?")))
+
+    def orders(self, hostname: str) -> int:
+        with self.lock:
+            return len(self.created.get(hostname, []))
+
+    def accepted_types(self) -> list[str]:
+        with self.lock:
+            return [kind for _, kind in self.posted]
+
+
+@dataclass
+class DnsValidationStack:
+    zone: Dns01Zone
+    dns: RealDns
+    pebble: servers.PebbleStack
+    proxy: FaultProxy
+    ca: CaView
+    temporal: servers.TemporalDevServer
+    database_url: str
+    env: dict[str, str]
+    workdir: Path
+    worker: servers.WorkerProcess
+    extra_workers: list[servers.WorkerProcess] = field(default_factory=list)
+
+    @property
+    def encryption_key(self) -> EncryptionKey:
+        return EncryptionKey(base64.b64decode(self.env["CERTFLOW_ENCRYPTION_KEY"]))
+
+    def customer(self, label: str = "shop") -> str:
+        """A hostname that still points at another provider (not at our edge)."""
+        hostname = f"{label}.c{uuid.uuid4().hex[:8]}.test"
+        self.dns.set_a(hostname, [NOWHERE])
+        return hostname
+
+    def delegate(self, hostname: str) -> None:
+        """What the customer adds once: ``_acme-challenge`` CNAME into our zone."""
+        base = hostname.removeprefix("*.")
+        self.dns.set_cname(f"_acme-challenge.{base}", f"{delegation_label(base)}.{self.zone.zone}")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    temporal: servers.TemporalDevServer,
+    new_database: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[DnsValidationStack]:
+    workdir = tmp_path_factory.mktemp("dns-validation")
+    with contextlib.ExitStack() as cleanup:
+        zone = start_dns01_zone(workdir / "dns01")
+        cleanup.callback(zone.stop)
+        dns = start_real_dns(workdir / "dns", stubs=zone.stub)
+        cleanup.callback(dns.stop)
+        dns.set_a(EDGE, ["127.0.0.1"])
+        pebble = servers.start_pebble(
+            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
+        )
+        cleanup.callback(pebble.stop)
+        proxy = start_fault_proxy(pebble, workdir / "pebble")
+        cleanup.callback(proxy.stop)
+        ca = CaView()
+        ca.install(proxy)
+        database_url = new_database("certflow_dns_validation")
+        env = servers.certflow_environment(
+            pebble=pebble,
+            temporal_address=temporal.address,
+            database_url=database_url,
+            encryption_key=base64.b64encode(secrets.token_bytes(32)).decode(),
+            cname_target=EDGE,
+            task_queue=f"certflow-dns-{uuid.uuid4().hex[:8]}",
+            extra={
+                **SHORT_POLICY,
+                "CERTFLOW_DNS_RESOLVER": dns.resolver,
+                "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
+                "CERTFLOW_DNS01_ZONE": zone.zone,
+                "CERTFLOW_DNS01_PRIMARY": zone.primary,
+                "CERTFLOW_DNS01_TSIG_KEY": zone.tsig_key,
+            },
+        )
+        worker = servers.start_worker(workdir / "workers", env)
+        result = DnsValidationStack(zone, dns, pebble, proxy, ca, temporal, database_url, env, workdir, worker)
+        try:
+            yield result
+        finally:
+            for worker_process in [result.worker, *result.extra_workers]:
+                worker_process.stop()
+
+
+@pytest.fixture(scope="module")
+async def client(stack: DnsValidationStack) -> AsyncIterator[CertflowClient]:
+    opened = await CertflowClient.connect(
+        ClientSettings(
+            database_url=stack.database_url,
+            temporal_address=stack.temporal.address,
+            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
+        )
+    )
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _row(client: CertflowClient, hostname: str) -> asyncpg.Record:
+    row = await client.pool.fetchrow("SELECT * FROM certificates WHERE hostname = $1", hostname)
+    assert row is not None, hostname
+    return row
+
+
+def _txt_everywhere(stack: DnsValidationStack, hostname: str) -> list[list[str]]:
+    label = delegation_label(hostname.removeprefix("*."))
+    return [stack.zone.txt(label, server) for server in stack.zone.servers]
+
+
+async def _withdrawn(stack: DnsValidationStack, hostname: str, timeout: float = 30) -> list[list[str]]:
+    """The TXT on both servers once it is gone (the row is ACTIVE before the workflow
+    withdraws it), or as it is when the deadline passes."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (found := _txt_everywhere(stack, hostname)) != [[], []]:
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    return found
+
+
+async def test_a_hostname_not_routed_to_us_issues_over_dns01_and_leaves_no_txt(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """A shop still served by another provider (its A record elsewhere) but with the
+    delegation in place: ACTIVE over dns-01 before any traffic moves, the accepted
+    challenge a dns-01 one (no HTTP-01 validation was asked for), its TXT gone from
+    both servers of our zone afterwards.
+
+    Shown red: with ``publish_dns01`` skipped in workflows/obtain.py (``publish``
+    left False), Pebble found no TXT at _acme-challenge (NXDOMAIN through the
+    delegation), three orders went invalid and the certificate was FAILED."""
+    hostname = stack.customer("moving")
+    stack.delegate(hostname)
+    await client.request([hostname])
+    report = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=90)
+    row = await _row(client, hostname)
+    assert row["validation_method"] == "dns-01", dict(row)
+    assert "delegated" in (row["validation_reason"] or ""), row["validation_reason"]
+    assert stack.ca.orders(hostname) == 1
+    assert set(stack.ca.accepted_types()) == {"dns-01"}, stack.ca.accepted_types()
+    assert await _withdrawn(stack, hostname) == [[], []]
+    print(f"\n[dns-01] {hostname} ACTIVE, serial {report.serial}; TXT withdrawn from both servers")
+
+
+async def test_moved_to_the_edge_later_it_renews_over_http01(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """``auto`` re-decides at each attempt: once the customer points the hostname at
+    the edge and drops the delegation, its renewal goes over http-01."""
+    hostname = stack.customer("moved")
+    stack.delegate(hostname)
+    await client.request([hostname])
+    first = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=90)
+    stack.dns.clear(f"_acme-challenge.{hostname}")
+    stack.dns.set_cname(hostname, EDGE)
+    await client.renew(hostname)
+    renewed = await wait_for(
+        client, hostname, lambda r: r.status == "ACTIVE" and r.serial != first.serial, timeout=90
+    )
+    row = await _row(client, hostname)
+    assert row["validation_method"] == "http-01", dict(row)
+    assert renewed.serial != first.serial
+    assert "http-01" in stack.ca.accepted_types()
+
+
+async def test_a_wildcard_over_dns01_is_served_one_label_below(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """``*.shop…`` over dns-01: ACTIVE, and the TLS edge serves it for ``a.shop…`` but
+    not for ``a.b.shop…``; an exact hostname wins over the wildcard."""
+    base = stack.customer("wild")
+    wildcard = f"*.{base}"
+    stack.delegate(wildcard)
+    await client.request([wildcard])
+    await wait_for(client, wildcard, lambda r: r.status == "ACTIVE", timeout=90)
+    exact = f"exact.{base}"
+    stack.dns.set_cname(exact, EDGE)
+    await client.request([exact])
+    await wait_for(client, exact, lambda r: r.status == "ACTIVE", timeout=90)
+    edge = SniCertificates(client.pool, stack.encryption_key)
+    await edge.refresh()
+    wild_serial = (await _row(client, wildcard))["ssl_serial"]
+    assert edge.serial_for(f"a.{base}") == wild_serial
+    assert isinstance(edge.context_for(f"a.{base}"), ssl.SSLContext)
+    assert edge.context_for(f"a.b.{base}") is None
+    assert edge.serial_for(exact) == (await _row(client, exact))["ssl_serial"] != wild_serial
+
+
+async def test_http01_is_refused_for_a_wildcard_before_anything_is_written(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    wildcard = f"*.{stack.customer('nohttp')}"
+    result = subprocess.run(
+        [sys.executable, "starter.py", "request", wildcard, "--method", "http-01"],
+        cwd=ROOT,
+        env={k: v for k, v in stack.env.items() if k in ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")}
+        | {"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result
+    assert len(result.stderr.strip().splitlines()) == 1 and "DNS only" in result.stderr, result.stderr
+    assert await client.pool.fetchval("SELECT count(*) FROM certificates WHERE hostname = $1", wildcard) == 0
+
+
+async def test_without_the_delegation_dns01_waits_and_orders_nothing(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """``--method dns-01`` for a hostname whose customer has not delegated yet:
+    DNS_DELEGATION naming the exact record to add, re-checked with the budget
+    untouched, no order; issued within a re-check once the record appears."""
+    hostname = stack.customer("later")
+    await client.request([hostname], method=RequestedMethod.DNS_01)
+    report = await wait_for(client, hostname, lambda r: r.error_code == "DNS_DELEGATION", timeout=60)
+    label = delegation_label(hostname)
+    assert f"add _acme-challenge.{hostname} CNAME {label}.{stack.zone.zone}" in (report.error_message or "")
+    assert report.retry_count == 0 and stack.ca.orders(hostname) == 0
+    stack.delegate(hostname)
+    await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=90)
+    assert stack.ca.orders(hostname) == 1
+
+
+async def test_a_wrong_tsig_key_is_dns01_update_and_orders_nothing(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """A worker whose key our primary refuses: DNS01_UPDATE with the server's answer,
+    before any order (the pre-check probes the update), nothing written."""
+    wrong = f"certflow-dns01:hmac-sha256:{base64.b64encode(secrets.token_bytes(32)).decode()}"
+    queue = f"certflow-dns-wrongkey-{uuid.uuid4().hex[:6]}"
+    env = {
+        **stack.env,
+        "CERTFLOW_DNS01_TSIG_KEY": wrong,
+        "CERTFLOW_TASK_QUEUE": queue,
+        "CERTFLOW_HTTP01_LISTEN": f"127.0.0.4:{stack.pebble.http01_port}",
+    }
+    worker = servers.start_worker(stack.workdir / "workers", env, name="wrong-key")
+    stack.extra_workers.append(worker)
+    other = CertflowClient(client.pool, client.temporal, queue)
+    hostname = stack.customer("badkey")
+    stack.delegate(hostname)
+    await other.request([hostname], method=RequestedMethod.DNS_01)
+    report = await wait_for(other, hostname, lambda r: r.error_code == "DNS01_UPDATE", timeout=60)
+    assert "refused" in (report.error_message or "") and "\n" not in (report.error_message or "")
+    assert stack.ca.orders(hostname) == 0
+    assert _txt_everywhere(stack, hostname) == [[], []]
+    await other.cancel(hostname)
+    worker.stop()
+
+
+async def test_a_worker_killed_after_the_txt_is_written_orders_once_and_leaves_no_txt(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """SIGKILL the moment our TXT is on the primary, before the CA is asked: the
+    restarted worker writes it again (replacing it), accepts, and the certificate is
+    ACTIVE after one order; no TXT is left on either server.
+
+    Shown red: with ``withdraw_dns01`` not called after the store, the TXT stayed
+    on both servers and the last assertion failed."""
+    hostname = stack.customer("killed")
+    stack.delegate(hostname)
+    label = delegation_label(hostname)
+    written = threading.Event()
+    stop_watching = threading.Event()
+
+    def watch() -> None:
+        while not stop_watching.wait(0.005):  # polls the primary; the condition ends it
+            if stack.zone.txt(label):
+                stack.worker.kill()
+                written.set()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    accepted_before = len(stack.ca.accepted_types())
+    try:
+        await client.request([hostname])
+        assert await asyncio.to_thread(written.wait, 90), "the TXT was never written"
+    finally:
+        stop_watching.set()
+    accepts_before_kill = len(stack.ca.accepted_types()) - accepted_before
+    await asyncio.to_thread(stack.worker.start)
+    await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=120)
+    # One order; two only if the CA had the accept before the kill (then validated
+    # while the worker was down).
+    allowed = 1 if accepts_before_kill == 0 else 2
+    assert 1 <= stack.ca.orders(hostname) <= allowed, (stack.ca.orders(hostname), accepts_before_kill)
+    assert await _withdrawn(stack, hostname) == [[], []]
+
+
+def test_check_lists_each_method_and_the_record_to_add(stack: DnsValidationStack) -> None:
+    """``check HOST --json``: every method with ready or not and the exact record,
+    copyable, for a hostname not routed and not delegated yet."""
+    hostname = stack.customer("verify")
+    env = {k: v for k, v in stack.env.items() if k in ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")}
+    result = subprocess.run(
+        [sys.executable, "starter.py", "check", hostname, "--json"],
+        cwd=ROOT,
+        env=env | {"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result  # nothing is ready yet
+    [report] = json.loads(result.stdout)
+    methods = {m["method"]: m for m in report["methods"]}
+    assert set(methods) == {"http-01", "dns-01"}, methods  # no CA here offers dns-persist-01
+    assert methods["dns-01"]["ready"] is False
+    assert methods["dns-01"]["record"] == {
+        "name": f"_acme-challenge.{hostname}",
+        "type": "CNAME",
+        "value": f"{delegation_label(hostname)}.{stack.zone.zone}",
+    }
+    assert methods["http-01"]["record"] == {"name": hostname, "type": "CNAME", "value": EDGE}

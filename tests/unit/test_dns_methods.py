@@ -1,0 +1,191 @@
+"""The pure parts of validation over DNS: the delegation label and TXT value of
+dns-01, the persist record as the draft says the CA judges it, and which method
+``auto`` picks (lookups faked; the real ones are in tests/e2e/test_dns_validation.py
+and tests/e2e/test_dns_persist.py)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timedelta, timezone
+
+from josepy.jwk import JWKEC
+import pytest
+from acme import challenges
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from certflow.dns import dns01
+from certflow.dns.caa import CaaAnswerSet, CaaIssuer
+from certflow.dns.checks import DnsChecker
+from certflow.dns.lookup import CnameAnswer
+from certflow.dns.persist import judge, persist_record
+from certflow.errors import DnsCheckError, ErrorCode
+from certflow.models import RequestedMethod, ValidationMethod
+
+ACCOUNT = "https://ca.example/acct/42"
+NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
+KEY = dns01.TsigKey("k", "hmac-sha256", b"x" * 32)
+ZONE = dns01.Dns01Zone(zone="acme.saas.test", primary="127.0.0.1:53", key=KEY)
+
+
+def test_the_txt_value_is_the_one_the_acme_library_computes() -> None:
+    """RFC 8555 §8.4, checked against certbot's implementation, not ours."""
+    account_key = JWKEC(key=ec.generate_private_key(ec.SECP256R1()))
+    challenge = challenges.DNS01(token=b"tok" * 11)
+    key_authorization = challenge.key_authorization(account_key)
+    assert dns01.txt_value(key_authorization) == challenge.validation(account_key)
+
+
+def test_the_label_is_stable_short_and_shared_by_a_wildcard() -> None:
+    label = dns01.delegation_label("shop.customer.com")
+    assert label == dns01.delegation_label("shop.customer.com")
+    assert len(label) == 24 and label.isalnum() and label == label.lower()
+    assert dns01.delegation_label("*.shop.customer.com") == label
+    assert dns01.delegation_label("other.customer.com") != label
+    assert ZONE.delegation("*.shop.customer.com").model_dump() == {
+        "name": "_acme-challenge.shop.customer.com",
+        "type": "CNAME",
+        "value": f"{label}.acme.saas.test",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["k", "k:hmac-md5:" + base64.b64encode(b"x" * 32).decode(), "k:hmac-sha256:not base64!", "k:hmac-sha256:c2hvcnQ="],
+)
+def test_a_bad_tsig_key_is_refused_without_quoting_the_secret(text: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        dns01.TsigKey.parse(text)
+    assert "c2hvcnQ" not in str(raised.value) and "x" * 8 not in str(raised.value)
+    assert "s3cr3t" not in repr(dns01.TsigKey("k", "hmac-sha256", b"s3cr3t" * 4))
+
+
+@pytest.mark.parametrize(
+    ("records", "host", "verdict"),
+    [
+        ([f"ca.example; accounturi={ACCOUNT}"], "shop.test", None),
+        ([f"CA.Example; accounturi={ACCOUNT}"], "shop.test", None),  # lower-cased, as the draft says
+        ([f"ca.example; accounturi={ACCOUNT}; future=1"], "shop.test", None),  # unknown: ignored
+        ([f"other.example; accounturi={ACCOUNT}"], "shop.test", "no record for ca.example"),
+        (["ca.example; accounturi=https://ca.example/acct/7"], "shop.test", "names another account"),
+        (["ca.example"], "shop.test", "has no accounturi"),
+        ([f"ca.example; accounturi={ACCOUNT}; accounturi={ACCOUNT}"], "shop.test", "repeats a parameter"),
+        ([f"ca.example; accounturi={ACCOUNT}; persistUntil=1"], "shop.test", "expired at 1970"),
+        ([f"ca.example; accounturi={ACCOUNT}; persistUntil=soon"], "shop.test", "not a UNIX time"),
+        ([f"ca.example; accounturi={ACCOUNT}"], "*.shop.test", "lacks policy=wildcard"),
+        ([f"ca.example; accounturi={ACCOUNT}; policy=Wildcard"], "*.shop.test", None),
+        (["ca.example accounturi"], "shop.test", "not an issue-value"),
+        # One good record among others is enough, as for the CA.
+        (["other.example; x=1", f"ca.example; accounturi={ACCOUNT}"], "shop.test", None),
+        ([], "shop.test", "no record for ca.example"),
+    ],
+)
+def test_a_persist_record_is_judged_as_the_draft_says(
+    records: list[str], host: str, verdict: str | None
+) -> None:
+    found = judge(records, host, ["ca.example"], ACCOUNT, NOW)
+    if verdict is None:
+        assert found is None
+    else:
+        assert found is not None and verdict in found, found
+
+
+def test_persist_until_in_the_future_is_fine() -> None:
+    later = int((NOW + timedelta(days=1)).timestamp())
+    assert judge([f"ca.example; accounturi={ACCOUNT}; persistUntil={later}"], "a.test", ["ca.example"], ACCOUNT, NOW) is None
+
+
+def test_the_persist_record_to_publish() -> None:
+    assert persist_record("*.shop.test", "ca.example", ACCOUNT).model_dump() == {
+        "name": "_validation-persist.shop.test",
+        "type": "TXT",
+        "value": f"ca.example; accounturi={ACCOUNT}; policy=wildcard",
+    }
+
+
+class _Dns:
+    """Fake lookups: CNAMEs and TXTs by name; no CAA anywhere."""
+
+    def __init__(self, cnames: dict[str, str], txts: dict[str, list[str]]) -> None:
+        self.cnames, self.txts = cnames, txts
+
+    async def cname(self, name: str) -> list[CnameAnswer]:
+        return [CnameAnswer(name, self.cnames[name])] if name in self.cnames else []
+
+    async def txt(self, name: str) -> list[str]:
+        return self.txts.get(name, [])
+
+    async def caa(self, name: str) -> CaaAnswerSet:
+        return CaaAnswerSet(cnames=[], caa=[])
+
+
+def _checker(fake: _Dns, *, dns01_zone: dns01.Dns01Zone | None = ZONE, persist: bool = True) -> DnsChecker:
+    checker = DnsChecker(
+        "127.0.0.1:53",
+        "edge.saas.test",
+        "ca.example",
+        issuers=(("ca", CaaIssuer(("ca.example",), ACCOUNT)),),
+        dns01=dns01_zone,
+        persist_issuers=frozenset({"ca"} if persist else set()),
+    )
+    object.__setattr__(checker, "lookup_cname", fake.cname)
+    object.__setattr__(checker, "lookup_txt", fake.txt)
+    object.__setattr__(checker, "lookup_caa", fake.caa)
+    return checker
+
+
+@pytest.fixture(autouse=True)
+def _no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signed no-op update is the real primary's business (tested on Knot)."""
+
+    async def accepted(zone: dns01.Dns01Zone) -> None:
+        return None
+
+    monkeypatch.setattr("certflow.dns.checks.probe", accepted)
+
+
+async def test_auto_prefers_persist_then_the_delegation_then_the_edge() -> None:
+    host = "shop.test"
+    delegation = {f"_acme-challenge.{host}": ZONE.target(host)}
+    edge = {host: "edge.saas.test"}
+    persist = {f"_validation-persist.{host}": [f"ca.example; accounturi={ACCOUNT}"]}
+    everything = await _checker(_Dns(delegation | edge, persist)).check(host)
+    assert everything.methods == [ValidationMethod.DNS_PERSIST_01, ValidationMethod.DNS_01, ValidationMethod.HTTP_01]
+    routed = await _checker(_Dns(edge, {})).check(host)
+    assert routed.methods == [ValidationMethod.HTTP_01]
+    delegated = await _checker(_Dns(delegation, {})).check(host)
+    assert delegated.methods == [ValidationMethod.DNS_01] and "delegated" in (delegated.method_reason or "")
+
+
+async def test_auto_with_nothing_ready_keeps_the_routing_code_and_names_the_rest() -> None:
+    with pytest.raises(DnsCheckError) as raised:
+        await _checker(_Dns({}, {})).check("shop.test")
+    assert raised.value.code is ErrorCode.DNS_CNAME
+    assert "has no CNAME record; expected a CNAME to edge.saas.test" in raised.value.message
+    assert "before the traffic moves: dns-persist-01:" in raised.value.message
+    assert f"add _acme-challenge.shop.test CNAME {ZONE.target('shop.test')}" in raised.value.message
+
+
+async def test_without_dns_methods_set_up_the_message_is_as_before() -> None:
+    with pytest.raises(DnsCheckError) as raised:
+        await _checker(_Dns({}, {}), dns01_zone=None, persist=False).check("shop.test")
+    assert raised.value.code is ErrorCode.DNS_CNAME
+    assert raised.value.message == "shop.test has no CNAME record; expected a CNAME to edge.saas.test"
+
+
+async def test_a_wildcard_is_never_http01() -> None:
+    host = "*.shop.test"
+    edge = {host[2:]: "edge.saas.test"}
+    with pytest.raises(DnsCheckError) as raised:
+        await _checker(_Dns(edge, {})).check(host)
+    assert raised.value.code is ErrorCode.DNS_PERSIST  # the first DNS method's, with both named
+    assert "dns-01:" in raised.value.message and "http-01" not in raised.value.message.split(";")[0]
+    with pytest.raises(DnsCheckError) as explicit:
+        await _checker(_Dns(edge, {})).check(host, RequestedMethod.HTTP_01)
+    assert "a CA validates it over DNS only" in explicit.value.message
+
+
+async def test_an_explicit_method_is_the_only_one_tried() -> None:
+    host = "shop.test"
+    with pytest.raises(DnsCheckError) as raised:
+        await _checker(_Dns({host: "edge.saas.test"}, {})).check(host, RequestedMethod.DNS_01)
+    assert raised.value.code is ErrorCode.DNS_DELEGATION
