@@ -114,6 +114,9 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             for c in issuer_clients
         ),
         dns01=settings.dns01,
+        edge_addresses=settings.edge_address_set,
+        ownership_secret=settings.ownership_secret_bytes,
+        require_ownership=settings.require_ownership,
         persist_issuers=frozenset(i.name for i in issuers.items if i.dns_persist),
     )
     worker = Worker(

@@ -15,7 +15,15 @@ from certflow.dns import dns01
 from certflow.dns.checks import DnsChecker
 from certflow.errors import DnsCheckError, ErrorCode, ProvisioningError, to_application_error
 from certflow.metrics import CertflowMetrics
-from certflow.models import CheckDnsInput, Dns01ChallengeInput, DnsVerdict, RequestedMethod
+from certflow.dns.ownership import check_ownership
+from certflow.models import (
+    CheckDnsInput,
+    Dns01ChallengeInput,
+    DnsVerdict,
+    RequestedMethod,
+    TransferInput,
+    Transferred,
+)
 from certflow.store import certificates
 from certflow.tracing import step_span
 
@@ -41,17 +49,21 @@ class DnsActivities:
 
     @activity.defn(name="check_dns")
     async def check_dns(self, input: CheckDnsInput) -> DnsVerdict:
-        """Which validation method is ready, then CAA: the methods and the issuers CAA
-        allows, or a typed DNS_CNAME / DNS_DELEGATION / DNS_PERSIST / DNS_CAA /
-        ACME_TEMPORARY error. The method asked for is the row's, read now (a request
-        may have changed it while the workflow waited)."""
+        """Ownership (when required), which validation method is ready, then CAA: the
+        methods and the issuers CAA allows, or a typed OWNERSHIP_UNVERIFIED /
+        DNS_CNAME / DNS_DELEGATION / DNS_PERSIST / DNS_CAA / ACME_TEMPORARY error.
+        The method and tenant are the row's, read now (a request or a transfer may
+        have changed them while the workflow waited)."""
         started = time.monotonic()
         try:
             with step_span("dns_check", **{"certificate.hostname": input.hostname}):
-                requested = input.method
-                if requested is None and self._pool is not None:
-                    requested = await certificates.requested_method(self._pool, input.hostname)
-                verdict = await self._checker.check(input.hostname, requested or RequestedMethod.AUTO)
+                requested, tenant_id = input.method, None
+                if self._pool is not None:
+                    asked, tenant_id = await certificates.attempt_request(self._pool, input.hostname)
+                    requested = requested or asked
+                verdict = await self._checker.check(
+                    input.hostname, requested or RequestedMethod.AUTO, tenant_id
+                )
         except DnsCheckError as err:
             dns = err.code is not ErrorCode.ACME_TEMPORARY
             self._metrics.step("dns_check", "dns_error" if dns else "error", started)
@@ -83,6 +95,27 @@ class DnsActivities:
             self._metrics.step("dns01_publish", "error", started)
             raise to_application_error(err) from None
         self._metrics.step("dns01_publish", "ok", started)
+
+    @activity.defn(name="transfer_certificate")
+    async def transfer_certificate(self, input: TransferInput) -> Transferred:
+        """Move the hostname to another tenant once that tenant's ownership record is
+        seen through the resolver; OWNERSHIP_UNVERIFIED (nothing changed) otherwise."""
+        try:
+            secret = self._checker.ownership_secret
+            if secret is None:
+                raise ProvisioningError(
+                    ErrorCode.OWNERSHIP_UNVERIFIED,
+                    "a transfer needs a proof of ownership: set CERTFLOW_OWNERSHIP_SECRET",
+                )
+            await check_ownership(input.hostname, input.to_tenant, secret, self._checker.lookup_txt)
+            assert self._pool is not None
+            moved = await certificates.transfer(self._pool, input.certificate_id, input.to_tenant)
+            if moved is None:
+                raise ProvisioningError(ErrorCode.ACME_INVALID_ORDER, "the certificate row is gone")
+        except ProvisioningError as err:
+            raise to_application_error(err) from None
+        from_tenant, record = moved
+        return Transferred(record=record, from_tenant=from_tenant)
 
     @activity.defn(name="withdraw_dns01")
     async def withdraw_dns01(self, input: Dns01ChallengeInput) -> None:

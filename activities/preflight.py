@@ -23,6 +23,7 @@ from certflow.dns.http01 import Http01Fetcher, Http01Unreachable
 from certflow.store import certificates
 from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
+from certflow.dns.ownership import check_ownership
 from certflow.hostnames import is_wildcard
 from certflow.models import (
     ValidationMethod,
@@ -85,6 +86,9 @@ class PreflightActivities:
                 checks.append(DomainCheck(name=name, ok=True, message=found))
 
         methods = await self._dns.readiness(hostname)
+        secret = self._dns.ownership_secret
+        if input.tenant_id is not None and secret is not None:
+            await run("ownership", check_ownership(hostname, input.tenant_id, secret, self._dns.lookup_txt))
         if not is_wildcard(hostname):
             await run("cname", self._dns.check_cname(hostname))
         await run("caa", self._dns.check_caa(hostname))
@@ -98,9 +102,9 @@ class PreflightActivities:
                 await certificates.remove_probe(self._pool, token)
         if any(m.ready and m.method is not ValidationMethod.HTTP_01 for m in methods):
             # Validated over DNS: the routing checks only say whether traffic moved.
-            checks = [c for c in checks if c.name == "caa"] + [
+            checks = [c for c in checks if c.name in ("caa", "ownership")] + [
                 c.model_copy(update={"ok": True, "message": f"(not needed over DNS) {c.message}"})
                 for c in checks
-                if c.name != "caa"
+                if c.name not in ("caa", "ownership")
             ]
         return DomainCheckReport(hostname=hostname, checks=checks, methods=methods)

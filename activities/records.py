@@ -8,6 +8,7 @@ from temporalio.exceptions import ApplicationError
 
 from certflow.store import certificates
 from certflow.models import (
+    GiveUpInput,
     CertificateRecord,
     EnsureCertificateInput,
     EnsureCertificateResult,
@@ -35,6 +36,13 @@ class RecordActivities:
             self._pool, input.hostname, input.tenant_id, self._managed_base_domain, input.method
         )
         return EnsureCertificateResult(record=record, policy=self._policy)
+
+    @activity.defn(name="give_up")
+    async def give_up(self, input: GiveUpInput) -> bool:
+        """Stop trying: CANCELED (ABANDONED) or EXPIRED (DEPARTED), with why."""
+        return await certificates.give_up(
+            self._pool, input.certificate_id, input.status, input.code, input.message
+        )
 
     @activity.defn(name="persist_challenge")
     async def persist_challenge(self, input: PersistChallengeInput) -> bool:

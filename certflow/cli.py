@@ -22,7 +22,12 @@ from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.errors import ConfigError
-from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.hostnames import (
+    InvalidHostnameError,
+    InvalidTenantError,
+    normalize_hostname,
+    normalize_tenant_id,
+)
 from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase, RequestedMethod
 from certflow.store.rotation import rotate_keys
 from certflow.settings import ClientSettings, KeySettings, load_settings
@@ -68,13 +73,23 @@ async def request(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "requested": [{"hostname": h, "workflow_id": workflow_id_for(h)} for h in hostnames],
+                "requested": [
+                    {
+                        "hostname": h,
+                        "workflow_id": workflow_id_for(h),
+                        "ownership": _dump(client.ownership_record(h, args.tenant)),
+                    }
+                    for h in hostnames
+                ],
                 "status": list(reports.values()) if reports is not None else None,
             }
         )
     else:
         for hostname in hostnames:
             print(f"requested {hostname} (workflow {workflow_id_for(hostname)})")
+            proof = client.ownership_record(hostname, args.tenant)
+            if proof is not None:
+                print(f"  to prove ownership: {proof.name} TXT \"{proof.value}\"")
         if reports is not None:
             print_table(list(reports.values()), hostnames)
     if reports is None:
@@ -84,7 +99,7 @@ async def request(args: argparse.Namespace) -> int:
 
 async def check(args: argparse.Namespace) -> int:
     async with _client() as client:
-        reports = await client.check(args.hostnames)
+        reports = await client.check(args.hostnames, tenant_id=args.tenant)
     if args.json:
         _print_json([{**r.model_dump(mode="json"), "ok": r.ok} for r in reports])
     for report in [] if args.json else reports:
@@ -96,6 +111,20 @@ async def check(args: argparse.Namespace) -> int:
             if m.record is not None and not m.ready:
                 print(f"    add: {m.record.name} {m.record.type} {m.record.value}")
     return 0 if all(r.ok for r in reports) else 1
+
+
+async def transfer(args: argparse.Namespace) -> int:
+    async with _client() as client:
+        state = await client.transfer(args.hostname, args.to)
+    if args.json:
+        _print_json(state)
+    else:
+        print(f"{args.hostname} belongs to {args.to} now; {state.status} ({state.phase})")
+    return 0
+
+
+def _dump(value: Any) -> Any:
+    return None if value is None else value.model_dump(mode="json")
 
 
 async def status(args: argparse.Namespace) -> int:
@@ -254,6 +283,7 @@ COMMANDS: dict[str, Command] = {
     "events": events,
     "retry": _action("retry"),
     "renew": _action("renew"),
+    "transfer": transfer,
     "cancel": _action("cancel"),
     "delete": delete,
     "cooldown": cooldown,
@@ -298,6 +328,9 @@ def parser() -> argparse.ArgumentParser:
         "run every pre-check of hostnames (each validation method, CAA), ordering nothing",
     )
     p.add_argument("hostnames", nargs="+", metavar="HOST")
+    p.add_argument("--tenant", help="also check this tenant's proof of ownership")
+    p = command("transfer", "move a hostname to another tenant (who must prove ownership)", host=True)
+    p.add_argument("--to", required=True, metavar="TENANT", help="the tenant to move it to")
     command("status", "show a certificate's status", host=True)
     p = command("list", "list certificates")
     p.add_argument("--status", type=str.upper, choices=[s.value for s in CertificateStatus])
@@ -327,8 +360,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for hostname in [*getattr(args, "hostnames", []), getattr(args, "hostname", None)]:
             if hostname is not None:
                 normalize_hostname(hostname)
+        for tenant in (getattr(args, "tenant", None), getattr(args, "to", None)):
+            if tenant is not None:
+                normalize_tenant_id(tenant)
         return asyncio.run(COMMANDS[args.command](args))
-    except (ConfigError, InvalidHostnameError) as err:
+    except (ConfigError, InvalidHostnameError, InvalidTenantError) as err:
         prefix = "configuration error: " if isinstance(err, ConfigError) else ""
         print(f"certflow: {prefix}{err}", file=sys.stderr)
         return 2

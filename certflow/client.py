@@ -35,8 +35,17 @@ from certflow.contract import (
     workflow_id_for,
 )
 from certflow.store.db import create_pool
-from certflow.hostnames import InvalidHostnameError, is_wildcard, normalize_hostname, registered_domain
+from certflow.hostnames import (
+    InvalidHostnameError,
+    is_wildcard,
+    normalize_hostname,
+    normalize_tenant_id,
+    registered_domain,
+)
+from certflow.dns.ownership import ownership_record
 from certflow.models import (
+    DnsRecord,
+    TransferRequest,
     RequestedMethod,
     CertificateEvent,
     CertificateInput,
@@ -103,10 +112,17 @@ def _rejection(err: WorkflowUpdateFailedError) -> str:
 class CertflowClient:
     """Request certificates, read their status, and act on them."""
 
-    def __init__(self, pool: asyncpg.Pool, temporal: Client, task_queue: str) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        temporal: Client,
+        task_queue: str,
+        ownership_secret: bytes | None = None,
+    ) -> None:
         self.pool = pool
         self.temporal = temporal
         self.task_queue = task_queue
+        self.ownership_secret = ownership_secret
 
     @classmethod
     async def connect(cls, settings: ClientSettings) -> CertflowClient:
@@ -116,7 +132,7 @@ class CertflowClient:
             namespace=settings.temporal_namespace,
             data_converter=pydantic_data_converter,
         )
-        return cls(pool, temporal, settings.task_queue)
+        return cls(pool, temporal, settings.task_queue, settings.ownership_secret_bytes)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -135,6 +151,8 @@ class CertflowClient:
         its tenant. ``method``: how the CA is to be shown control (None keeps the
         row's, ``auto`` for a new one); a wildcard is never http-01."""
         unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+        if tenant_id is not None:
+            tenant_id = normalize_tenant_id(tenant_id)
         if method is RequestedMethod.HTTP_01:
             for hostname in unique:
                 if is_wildcard(hostname):
@@ -184,6 +202,7 @@ class CertflowClient:
         else:
             update["phase"] = state.phase
             update["next_attempt_at"] = state.next_attempt_at
+        update["ownership"] = self.ownership_record(hostname, row.tenant_id)
         return row.model_copy(update=update)
 
     async def list_certificates(self, status: str | None = None) -> list[CertificateState]:
@@ -197,6 +216,31 @@ class CertflowClient:
     async def retry(self, hostname: str) -> CertificateState:
         """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
         return await self._update(hostname, "retry")
+
+    def ownership_record(self, hostname: str, tenant_id: str | None) -> DnsRecord | None:
+        """The record that proves ``tenant_id`` owns ``hostname`` (None without
+        OWNERSHIP_SECRET): what the product tells its customer to add."""
+        if self.ownership_secret is None:
+            return None
+        return ownership_record(self.ownership_secret, tenant_id, normalize_hostname(hostname))
+
+    async def transfer(self, hostname: str, to_tenant: str) -> CertificateState:
+        """Move a hostname to another tenant (the ``transfer`` update): done on a worker
+        once that tenant's ownership record is seen, refused otherwise (nothing
+        changed); an ACTIVE certificate is then renewed with a new key."""
+        hostname = normalize_hostname(hostname)
+        to_tenant = normalize_tenant_id(to_tenant)
+        try:
+            state: CertificateState = await self.handle(hostname).execute_update(
+                "transfer", TransferRequest(to_tenant=to_tenant), result_type=CertificateState
+            )
+        except WorkflowUpdateFailedError as err:
+            raise ActionRejectedError(_rejection(err)) from None
+        except RPCError as err:
+            if err.status is RPCStatusCode.NOT_FOUND:
+                raise ActionRejectedError(f"{hostname} has no running workflow (request it first)") from None
+            raise
+        return state
 
     async def renew(self, hostname: str) -> CertificateState:
         """Renew an ACTIVE certificate now (the ``renew`` update)."""
@@ -256,16 +300,20 @@ class CertflowClient:
                 await self.handle(hostname).signal("retry")
         return waiting
 
-    async def check(self, hostnames: Sequence[str]) -> list[DomainCheckReport]:
-        """Run every pre-check (CNAME, CAA, HTTP-01 reachability) of each hostname on a
-        worker — where the resolver and the network view are — ordering nothing: the
-        product's "verify my domain" button. Hostnames are validated first."""
+    async def check(
+        self, hostnames: Sequence[str], tenant_id: str | None = None
+    ) -> list[DomainCheckReport]:
+        """Run every pre-check (each validation method with the record to add, CAA,
+        HTTP-01 reachability; with ``tenant_id``, that tenant's proof of ownership) of
+        each hostname on a worker — where the resolver and the network view are —
+        ordering nothing: the product's "verify my domain" button. Hostnames are
+        validated first."""
         unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
 
         async def one(hostname: str) -> DomainCheckReport:
             report: DomainCheckReport = await self.temporal.execute_workflow(
                 DOMAIN_CHECK_WORKFLOW,
-                DomainCheckInput(hostname=hostname),
+                DomainCheckInput(hostname=hostname, tenant_id=tenant_id),
                 id=domain_check_workflow_id(hostname, uuid.uuid4().hex[:12]),
                 task_queue=self.task_queue,
                 result_type=DomainCheckReport,

@@ -37,6 +37,12 @@ class ErrorCode(StrEnum):
     """dns-01: our own zone's primary refused the signed update (its rcode in the message)."""
     DNS01_NOT_VISIBLE = "DNS01_NOT_VISIBLE"
     """dns-01: the TXT is not on every authoritative server of our zone yet."""
+    OWNERSHIP_UNVERIFIED = "OWNERSHIP_UNVERIFIED"
+    """With REQUIRE_OWNERSHIP: the tenant's ``_certflow`` TXT is not seen (yet)."""
+    ABANDONED = "ABANDONED"
+    """CANCELED: PENDING with no validation method ready for PENDING_TIMEOUT_DAYS."""
+    DEPARTED = "DEPARTED"
+    """EXPIRED: the hostname no longer routes to us and has no DNS method."""
 
 
 USER_MESSAGES: dict[ErrorCode, str] = {
@@ -74,6 +80,11 @@ USER_MESSAGES: dict[ErrorCode, str] = {
         " _validation-persist TXT record shown."
     ),
     ErrorCode.DNS01_UPDATE: "Our DNS for validation refused an update. We are on it.",
+    ErrorCode.ABANDONED: "The setup was never finished, so we stopped trying. Request it again.",
+    ErrorCode.DEPARTED: "This hostname no longer points to us; its certificate expired.",
+    ErrorCode.OWNERSHIP_UNVERIFIED: (
+        "Ownership of this hostname is not proven yet. Add the _certflow TXT record shown."
+    ),
     ErrorCode.DNS01_NOT_VISIBLE: (
         "The validation record is not on every DNS server yet. We will retry automatically."
     ),

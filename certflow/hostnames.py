@@ -21,6 +21,8 @@ from publicsuffixlist import PublicSuffixList
 
 __all__ = [
     "InvalidHostnameError",
+    "InvalidTenantError",
+    "normalize_tenant_id",
     "is_wildcard",
     "normalize_hostname",
     "registered_domain",
@@ -173,6 +175,35 @@ def _wildcard(raw: str, base: str, fail: _Fail) -> str:
     if len(name) + 2 > MAX_NAME_OCTETS:
         raise fail(f"name is {len(name) + 2} octets long; at most {MAX_NAME_OCTETS} allowed")
     return f"*.{name}"
+
+
+MAX_TENANT_CHARS = 200
+
+
+class InvalidTenantError(CertflowError, ValueError):
+    """A tenant id that cannot be stored: empty, over-long, or with control characters."""
+
+    def __init__(self, tenant_id: str, reason: str) -> None:
+        self.tenant_id = tenant_id
+        self.reason = reason
+        super().__init__(f"invalid tenant {_preview(tenant_id)}: {reason}")
+
+
+def normalize_tenant_id(raw: str) -> str:
+    """A tenant id as stored: the product's opaque string, surrounding whitespace
+    dropped; refused when empty, over :data:`MAX_TENANT_CHARS` characters, or holding
+    a control character (it is shown in events, webhooks and logs)."""
+    if not isinstance(raw, str):
+        raise InvalidTenantError(reprlib.repr(raw), f"expected str, got {type(raw).__name__}")
+    value = raw.strip()
+    if not value:
+        raise InvalidTenantError(raw, "empty")
+    if len(value) > MAX_TENANT_CHARS:
+        raise InvalidTenantError(raw, f"longer than {MAX_TENANT_CHARS} characters ({len(value)})")
+    for position, char in enumerate(value):
+        if unicodedata.category(char) in ("Cc", "Cs", "Cn") or char in "\u2028\u2029":
+            raise InvalidTenantError(raw, f"contains U+{ord(char):04X} at position {position}")
+    return value
 
 
 def is_wildcard(hostname: str) -> bool:

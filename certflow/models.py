@@ -157,6 +157,10 @@ class CarriedWaits(Frozen):
 
     dns_failures: int = 0
     """Consecutive DNS / self-check failures: the recheck backoff goes on growing."""
+    pending_since: datetime | None = None
+    """Since when a never-issued hostname has had no validation method ready."""
+    departed_at: datetime | None = None
+    """When the certificate expired with the hostname no longer routed to us."""
     warned_expiring: bool = False
     """``expiring_soon`` was sent for this certificate."""
     passed_over: dict[str, str] = {}
@@ -197,6 +201,21 @@ class ProvisioningPolicy(Frozen):
     from before issuers: then every step goes to the one CA there was)."""
     issuer_fallback_cooldown_seconds: float = 3600.0
     issuer_fallback_unreachable_seconds: float = 3600.0
+    pending_timeout_days: float = 14.0
+    """A hostname PENDING this long with no validation method ready is CANCELED
+    (ABANDONED); 0: never."""
+    departed_retention_days: float = 30.0
+    """An EXPIRED hostname that no longer routes to us (DEPARTED) stops re-checking
+    this long after it expired; 0: never."""
+
+
+class GiveUpInput(Frozen):
+    """Stop trying for a hostname: CANCELED (ABANDONED) or EXPIRED (DEPARTED)."""
+
+    certificate_id: str
+    status: CertificateStatus
+    code: ErrorCode
+    message: str
 
 
 class CertificateRecord(Frozen):
@@ -315,6 +334,26 @@ class Http01CheckInput(Frozen):
     hostname: str
 
 
+class TransferRequest(Frozen):
+    """The ``transfer`` update: move the hostname to another tenant, once that tenant
+    has proven ownership (its ``_certflow`` TXT)."""
+
+    to_tenant: str
+
+
+class TransferInput(Frozen):
+    certificate_id: str
+    hostname: str
+    to_tenant: str
+
+
+class Transferred(Frozen):
+    """The row after a transfer, and the tenant it had."""
+
+    record: CertificateRecord
+    from_tenant: str | None
+
+
 class Dns01ChallengeInput(Frozen):
     """The dns-01 challenge persisted for this certificate: its TXT to publish in our
     zone (before accept), or to withdraw (after the order)."""
@@ -325,6 +364,8 @@ class Dns01ChallengeInput(Frozen):
 
 class DomainCheckInput(Frozen):
     hostname: str
+    tenant_id: str | None = None
+    """Also check that this tenant has proven ownership (None: no ownership check)."""
 
 
 class DomainCheck(Frozen):
@@ -478,11 +519,14 @@ class Phase(StrEnum):
         "active; the CA's window opened at once again: waiting for its next renewal-info answer"
     )
     RENEWING = "renewing"
+    TRANSFERRING = "transferring to another tenant"
     CANCELING = "canceling"
     REVOKING = "revoking"
     CANCELED = "canceled"
     DELETED = "deleted"
     NOT_DELETED = "canceled; not deleted: revocation failed"
+    ABANDONED = "abandoned: no validation method was ready in time"
+    DEPARTED = "departed: expired, and no longer routed to us"
     ROW_MOVED_ON = "the certificate row moved on"
     ROW_GONE = "the certificate row is gone"
 
@@ -516,6 +560,9 @@ class CertificateState(Frozen):
     order_issuer: str | None = None
     """The CA of the attempt under way (differs from ``issuer`` after a fallback)."""
     cooldowns: list[Cooldown] = []
+    ownership: DnsRecord | None = None
+    """The record that proves the row's tenant owns the hostname (shown by the client
+    when OWNERSHIP_SECRET is set)."""
     """The rate-limit cooldowns that hold it back (its own, its registered
     domain's, the account's), longest first."""
 

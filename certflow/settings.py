@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,6 +78,10 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
+    ownership_secret: SecretStr | None = None
+    """OWNERSHIP_SECRET: with it, the client shows each tenant the record that
+    proves ownership (certflow.dns.ownership)."""
+
     database_url: str
     temporal_address: str = "localhost:7233"
     temporal_namespace: str = "default"
@@ -95,6 +100,25 @@ class ClientSettings(BaseSettings):
     def _temporal_host_port(cls, value: str) -> str:
         parse_host_port(value)
         return value.strip()
+
+    @field_validator("ownership_secret")
+    @classmethod
+    def _ownership_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        try:
+            raw = base64.b64decode(value.get_secret_value().strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("must be standard base64") from None
+        if len(raw) < 16:
+            raise ValueError(f"must decode to at least 16 bytes, got {len(raw)}")
+        return value
+
+    @property
+    def ownership_secret_bytes(self) -> bytes | None:
+        if self.ownership_secret is None:
+            return None
+        return base64.b64decode(self.ownership_secret.get_secret_value().strip())
 
 
 class KeySettings(ClientSettings):
@@ -148,6 +172,9 @@ class Settings(KeySettings):
     """The CA offers dns-persist-01 (the single-CA form of the issuer's ``dns_persist``)."""
 
     cname_target: str
+    edge_addresses: str = ""
+    """Comma-separated IPv4/IPv6 addresses of the edge: a hostname (an apex) whose
+    every A/AAAA address is one of them is routed without a CNAME."""
     caa_issuer_domain: str = "letsencrypt.org"
     dns_resolver: str
     managed_base_domain: str | None = None
@@ -189,6 +216,15 @@ class Settings(KeySettings):
     """A rate-limit cooldown longer than this at the chosen CA sends the order elsewhere."""
     issuer_fallback_unreachable_seconds: float = Field(default=3600.0, gt=0)
     """So does the chosen CA being unreachable for longer than this."""
+    pending_timeout_days: float = Field(default=14.0, ge=0)
+    """A never-issued hostname with no validation method ready this long is CANCELED
+    (ABANDONED); 0: never."""
+    departed_retention_days: float = Field(default=30.0, ge=0)
+    """An expired hostname no longer routed to us (DEPARTED) stops re-checking this
+    long after it expired; 0: never."""
+    require_ownership: bool = False
+    """No order until the row's tenant proved ownership (``_certflow`` TXT); needs
+    OWNERSHIP_SECRET. Off by default for existing deployments; recommended on."""
     # Delegated dns-01 (certflow.dns.dns01): the zone the customers' _acme-challenge
     # CNAMEs point into, its primary (RFC 2136 updates) and the TSIG key they are
     # signed with. All three, or none (then dns-01 is never ready).
@@ -306,6 +342,12 @@ class Settings(KeySettings):
         return value
 
     @model_validator(mode="after")
+    def _ownership_needs_a_secret(self) -> Settings:
+        if self.require_ownership and self.ownership_secret is None:
+            raise ValueError("ownership_secret: is not set (required with CERTFLOW_REQUIRE_OWNERSHIP)")
+        return self
+
+    @model_validator(mode="after")
     def _dns01_all_or_none(self) -> Settings:
         given = {
             "dns01_zone": self.dns01_zone,
@@ -334,6 +376,21 @@ class Settings(KeySettings):
         if self.webhook_url and not (self.webhook_secret and self.webhook_secret.get_secret_value()):
             raise ValueError("webhook_secret: is not set (required with CERTFLOW_WEBHOOK_URL)")
         return self
+
+    @field_validator("edge_addresses")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        for item in value.split(","):
+            if item.strip():
+                try:
+                    ipaddress.ip_address(item.strip())
+                except ValueError:
+                    raise ValueError(f"expected comma-separated IP addresses, got {item.strip()!r}") from None
+        return value.strip()
+
+    @property
+    def edge_address_set(self) -> frozenset[str]:
+        return frozenset(str(ipaddress.ip_address(a.strip())) for a in self.edge_addresses.split(",") if a.strip())
 
     @field_validator("http01_allow_reserved")
     @classmethod
@@ -377,6 +434,8 @@ class Settings(KeySettings):
             issuers=self.issuer_list.names,
             issuer_fallback_cooldown_seconds=self.issuer_fallback_cooldown_seconds,
             issuer_fallback_unreachable_seconds=self.issuer_fallback_unreachable_seconds,
+            pending_timeout_days=self.pending_timeout_days,
+            departed_retention_days=self.departed_retention_days,
         )
 
 

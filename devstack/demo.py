@@ -70,9 +70,9 @@ def run_demo(*, keep_running: bool = True) -> int:
             pebble.set_cname(hostname, DEMO_CNAME_TARGET)
 
         async def request() -> bool:
-            client = await CertflowClient.connect(ClientSettings(**{
-                "database_url": database_url, "temporal_address": temporal.address,
-            }))
+            client = await CertflowClient.connect(
+                ClientSettings(database_url=database_url, temporal_address=temporal.address)
+            )
             try:
                 started = time.monotonic()
                 hostnames = await client.request(DEMO_HOSTNAMES, tenant_id="demo")

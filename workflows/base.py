@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
         WEBHOOK_DELIVERY_WORKFLOW,
         webhook_workflow_id,
     )
+    from certflow.errors import ErrorCode
     from certflow.models import (
         CarriedWaits,
         CertificateInput,
@@ -29,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
         CertificateStatus,
         Dns01ChallengeInput,
         EnsureCertificateInput,
+        GiveUpInput,
         RequestedMethod,
         Phase,
         WebhookEvent,
@@ -74,10 +76,13 @@ class CertificateBase:
             self._state.warned_expiring = True
             await self._notify("expiring_soon")
 
-    async def _notify(self, event: str, serial: str | None = None) -> None:
+    async def _notify(
+        self, event: str, serial: str | None = None, about: CertificateRecord | None = None
+    ) -> None:
         """Hand the event to a WebhookDelivery child that retries on its own and
-        outlives this run (continue-as-new, cancel)."""
-        record = self._record
+        outlives this run (continue-as-new, cancel); ``about``: the record as this
+        event describes it (the old tenant's view of a transfer), else the current."""
+        record = about or self._record
         if not self._state.policy.webhooks or record is None:
             return
         event_id = str(workflow.uuid4())
@@ -189,6 +194,30 @@ class CertificateBase:
             waits=waits,
             policy=self._state.policy if after_issuance else None,
         )
+
+    async def _give_up(self, status: CertificateStatus, code: ErrorCode, message: str) -> bool:
+        """Stop trying for the hostname: the row ``status`` with ``code`` and
+        ``message`` (CANCELED ABANDONED, EXPIRED DEPARTED), a webhook named for it."""
+        record = self._record
+        done = await run(
+            POSTGRES,
+            RecordActivities.give_up,
+            GiveUpInput(certificate_id=record.certificate_id, status=status, code=code, message=message),
+        )
+        if done:
+            self._set_record(
+                record.model_copy(
+                    update={
+                        "status": status,
+                        "error_code": code,
+                        "error_message": message,
+                        "order_url": None,
+                        "challenge_url": None,
+                    }
+                )
+            )
+            await self._notify(str(code).lower())
+        return bool(done)
 
     async def _withdraw_dns01(self, record: CertificateRecord) -> None:
         """Delete the hostname's dns-01 TXT from our zone, best effort: the next

@@ -30,10 +30,13 @@ with workflow.unsafe.imports_passed_through():
         DeleteRequest,
         Phase,
         RenewalWindow,
+        TransferInput,
+        TransferRequest,
     )
     from workflows.policy import RECHECK_CODES
     from workflows.run_state import RunState, Stopped, StopRequest
-    from workflows.steps import AttemptFailed
+    from activities.dns import DnsActivities
+    from workflows.steps import DNS, AttemptFailed, run
 
 from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
@@ -98,7 +101,12 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                     if not await self._follow_moved_row(renewal):
                         return await self._end(Phase.ROW_GONE)
                     continue
-                await self._wait_after(failure, self._state.policy, self._state.dns_failures)
+                if not await self._wait_after(failure, self._state.policy, self._state.dns_failures):
+                    return await self._end(
+                        Phase.ABANDONED
+                        if self._record.status is CertificateStatus.CANCELED
+                        else Phase.DEPARTED
+                    )
                 continue
             self._set_record(self._record.model_copy(
                 update={
@@ -215,6 +223,37 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 " only an ACTIVE certificate renews",
                 non_retryable=True,
             )
+
+    @workflow.update(name="transfer")
+    async def transfer_update(self, request: TransferRequest) -> CertificateState:
+        """Move the hostname to another tenant, once that tenant has proven ownership
+        (its ``_certflow`` TXT, seen through the resolver); refused, nothing changes.
+        Both tenants get a ``transferred`` webhook. An ACTIVE certificate is renewed at
+        once, with a new key: the old tenant's certificate is served until then."""
+        await workflow.wait_condition(lambda: self._state.current is not None)
+        record = self._record
+        moved = await run(
+            DNS,
+            DnsActivities.transfer_certificate,
+            TransferInput(
+                certificate_id=record.certificate_id,
+                hostname=record.hostname,
+                to_tenant=request.to_tenant,
+            ),
+        )
+        before = self._record.model_copy(update={"tenant_id": moved.from_tenant})
+        self._set_record(self._record.model_copy(update={"tenant_id": moved.record.tenant_id}))
+        await self._notify("transferred", about=before)
+        await self._notify("transferred")
+        if self._record.status is CertificateStatus.ACTIVE:
+            self._state.renew_requested = True
+        return self._view()
+
+    @transfer_update.validator
+    def _validate_transfer(self, request: TransferRequest) -> None:
+        self._reject_when_stopping("transfer")
+        if not request.to_tenant.strip():
+            raise ValueError("a transfer names the tenant to move the hostname to")
 
     @workflow.signal(name="cancel")
     def cancel_signal(self) -> None:

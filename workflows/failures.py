@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
         ValidationMethod,
     )
     from workflows.policy import (
+        NOT_READY_CODES,
         DNS_CODES,
         RECHECK_CODES,
         cooldown_spread,
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.base import CertificateBase
 from workflows.patches import (
+    GIVE_UP_PATCH,
     BOUNDED_COOLDOWN_WAIT_PATCH,
     COOLDOWN_SPREAD_PATCH,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
@@ -63,6 +65,9 @@ class FailureHandling(CertificateBase):
             failure.code,
             policy.max_failures,
         )
+        if self._state.departed_at is not None and failure.code in NOT_READY_CODES:
+            # Still gone: the row keeps saying so (DEPARTED) while it re-checks.
+            outcome = outcome.model_copy(update={"error_code": ErrorCode.DEPARTED})
         reason = self._fallback_reason(failure, outcome, policy)
         if reason is not None and self._fall_back(reason):
             outcome = fallback_outcome(record.status, failure.code)
@@ -147,6 +152,45 @@ class FailureHandling(CertificateBase):
         return True
 
     async def _wait_after(
+        self, failure: AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
+    ) -> bool:
+        """Wait before the next attempt; False when there is none to make: abandoned
+        (ABANDONED: CANCELED) or departed past its retention (DEPARTED)."""
+        if await self._given_up(failure, policy):
+            return False
+        await self._wait_before_next(failure, policy, dns_failures)
+        return True
+
+    async def _given_up(self, failure: AttemptFailed, policy: ProvisioningPolicy) -> bool:
+        """A hostname that was never issued and has had no validation method ready for
+        ``pending_timeout_days`` is CANCELED (ABANDONED); one that expired no longer
+        routed to us stops ``departed_retention_days`` after it expired."""
+        record, now = self._record, workflow.now()
+        if failure.code not in NOT_READY_CODES:
+            self._state.pending_since = None
+            return False
+        if record.status is CertificateStatus.PENDING and record.serial is None:
+            since = self._state.pending_since = self._state.pending_since or now
+            days = policy.pending_timeout_days
+            if days > 0 and now - since >= timedelta(days=days) and workflow.patched(GIVE_UP_PATCH):
+                await self._give_up(
+                    CertificateStatus.CANCELED,
+                    ErrorCode.ABANDONED,
+                    f"abandoned: no validation method was ready for {days:g} days ({failure.message})",
+                )
+                return True
+        departed = self._state.departed_at
+        if record.status is CertificateStatus.EXPIRED and departed is None and workflow.patched(GIVE_UP_PATCH):
+            # Expired, and still not routed to us (asked again, or since before this
+            # run): departed from now.
+            departed = self._state.departed_at = now
+        if record.status is CertificateStatus.EXPIRED and departed is not None:
+            days = policy.departed_retention_days
+            if days > 0 and now - departed >= timedelta(days=days) and workflow.patched(GIVE_UP_PATCH):
+                return True
+        return False
+
+    async def _wait_before_next(
         self, failure: AttemptFailed, policy: ProvisioningPolicy, dns_failures: int
     ) -> None:
         record = self._record

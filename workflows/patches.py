@@ -38,3 +38,8 @@ ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
 replacement, given such a window again, waits for the sweep's next answer."""
 AT_ONCE_AGE = timedelta(hours=1)
 """A certificate this young whose ARI window is open renews at once."""
+GIVE_UP_PATCH = "give-up"
+"""A never-issued hostname with no validation method ready for PENDING_TIMEOUT_DAYS is
+CANCELED (ABANDONED); an expired one no longer routed to us (DEPARTED) stops
+re-checking DEPARTED_RETENTION_DAYS after it expired. Branches in
+workflows/failures.py (``_wait_after``) and workflows/renew.py (``_expire_if_lapsed``)."""

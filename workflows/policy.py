@@ -10,10 +10,22 @@ from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
 
 DNS_CODES = frozenset(
-    {ErrorCode.DNS_CNAME, ErrorCode.DNS_CAA, ErrorCode.DNS_DELEGATION, ErrorCode.DNS_PERSIST}
+    {
+        ErrorCode.DNS_CNAME,
+        ErrorCode.DNS_CAA,
+        ErrorCode.DNS_DELEGATION,
+        ErrorCode.DNS_PERSIST,
+        ErrorCode.OWNERSHIP_UNVERIFIED,
+    }
 )
-"""The DNS check's codes: no method ready, or CAA refusing (histories from before
-ACME_CAA also carry DNS_CAA from the CA's own CAA check)."""
+"""The DNS check's codes: ownership not proven, no method ready, or CAA refusing
+(histories from before ACME_CAA also carry DNS_CAA from the CA's own CAA check)."""
+
+NOT_READY_CODES = frozenset(
+    {ErrorCode.DNS_CNAME, ErrorCode.DNS_DELEGATION, ErrorCode.DNS_PERSIST, ErrorCode.OWNERSHIP_UNVERIFIED}
+)
+"""No validation method ready (or ownership unproven): what abandons a hostname that
+was never issued, and marks one that expired as DEPARTED."""
 
 UNSENT_CHALLENGE_CODES = frozenset(
     {ErrorCode.HTTP01_UNREACHABLE, ErrorCode.DNS01_UPDATE, ErrorCode.DNS01_NOT_VISIBLE}

@@ -19,7 +19,9 @@ with workflow.unsafe.imports_passed_through():
         Phase,
         RenewalAdvice,
     )
+    from certflow.errors import ErrorCode
     from workflows.policy import (
+        NOT_READY_CODES,
         certificate_fraction,
         renewal_time,
         spread_renewal_time,
@@ -32,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.base import CertificateBase
 from workflows.patches import (
+    GIVE_UP_PATCH,
     ARI_ONCE_PER_WINDOW_PATCH,
     AT_ONCE_AGE,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
@@ -204,3 +207,11 @@ class Renewing(CertificateBase):
         ):
             if await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id):
                 self._set_record(record.model_copy(update={"status": CertificateStatus.EXPIRED}))
+                if record.error_code in NOT_READY_CODES and workflow.patched(GIVE_UP_PATCH):
+                    # It expired while the hostname no longer routed to us: departed.
+                    self._state.departed_at = workflow.now()
+                    await self._give_up(
+                        CertificateStatus.EXPIRED,
+                        ErrorCode.DEPARTED,
+                        f"departed: expired, and {record.error_message or 'no longer routed to us'}",
+                    )

@@ -80,6 +80,10 @@ class RunState:
     accepted_challenge: str | None = None
     """The challenge the CA answered an accept for: never POSTed again."""
     dns_failures: int = 0
+    pending_since: datetime | None = None
+    """Since when a never-issued hostname has had no validation method ready."""
+    departed_at: datetime | None = None
+    """When the certificate expired with the hostname no longer routed to us."""
 
     # -- the renewal
     renewed_at_once: bool = False
@@ -106,6 +110,8 @@ class RunState:
             unreachable_since=waits.unreachable_since,
             caa_disagreements=dict(waits.caa_disagreements),
             accepted_challenge=waits.accepted_challenge,
+            pending_since=waits.pending_since,
+            departed_at=waits.departed_at,
         )
         if input.carried is not None and input.policy is not None:
             state.after_issuance = True
@@ -129,4 +135,6 @@ class RunState:
             caa_disagreements=self.caa_disagreements,
             accepted_challenge=self.accepted_challenge,
             retry_requested=self.retry_requested,
+            pending_since=self.pending_since,
+            departed_at=self.departed_at,
         )

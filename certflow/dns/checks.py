@@ -5,6 +5,7 @@ for every configured CA and that method."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from certflow.dns.caa import (
 )
 from certflow.dns.cname import follow_cname_chain
 from certflow.dns.dns01 import Dns01Zone, check_delegation, probe
+from certflow.dns.ownership import check_ownership
 from certflow.dns.persist import check_persist, persist_record
 from certflow.dns.lookup import (
     DNS_TIMEOUT_SECONDS,
@@ -65,9 +67,16 @@ class DnsChecker:
     ``caa_issuer_domain`` and ``account_uri``."""
     dns01: Dns01Zone | None = None
     """Delegated dns-01's zone (None: dns-01 is never ready)."""
+    edge_addresses: frozenset[str] = frozenset()
+    """The edge's IPv4 and IPv6 addresses (``EDGE_ADDRESSES``): a hostname whose every
+    A/AAAA address is one of them is routed to the edge without a CNAME (an apex)."""
     persist_issuers: frozenset[str] = frozenset()
     """The issuers (by name) that offer dns-persist-01 (the issuer setting
     ``dns_persist``); none: dns-persist-01 is never ready."""
+    ownership_secret: bytes | None = None
+    """``OWNERSHIP_SECRET``: the key of the tenants' ownership tokens."""
+    require_ownership: bool = False
+    """``REQUIRE_OWNERSHIP``: no order before the row's tenant has proven ownership."""
 
     def __post_init__(self) -> None:
         parse_resolver_address(self.resolver)
@@ -85,6 +94,11 @@ class DnsChecker:
             )
         object.__setattr__(self, "caa_issuer_domain", issuer)
         object.__setattr__(self, "account_uri", self.account_uri or None)
+        try:
+            edge = frozenset(str(ipaddress.ip_address(a.strip())) for a in self.edge_addresses)
+        except ValueError as exc:
+            raise ConfigError(f"edge addresses: {exc}") from None
+        object.__setattr__(self, "edge_addresses", edge)
         if self.timeout <= 0:
             raise ConfigError(f"DNS timeout must be positive, got {self.timeout!r}")
 
@@ -100,18 +114,24 @@ class DnsChecker:
         return listed or ((DEFAULT_ISSUER, self.caa_issuer),)
 
     async def check(
-        self, hostname: str, requested: RequestedMethod = RequestedMethod.AUTO
+        self,
+        hostname: str,
+        requested: RequestedMethod = RequestedMethod.AUTO,
+        tenant_id: str | None = None,
     ) -> DnsVerdict:
         """Which validation methods are ready for ``hostname`` (the one requested,
         or with ``auto`` each in order: dns-persist-01, dns-01, http-01), then CAA:
         the issuers it allows, in order of preference, for the first ready method
         it allows; the methods ready, and the CAA set as read.
 
-        Raises ``DnsCheckError`` (DNS_CNAME, DNS_DELEGATION, DNS_PERSIST, DNS_CAA or
-        ACME_TEMPORARY), or ``InvalidHostnameError`` when ``hostname`` is not a
-        valid name at all.
+        With ``require_ownership``, first the proof that ``tenant_id`` owns the
+        hostname. Raises ``DnsCheckError`` (OWNERSHIP_UNVERIFIED, DNS_CNAME,
+        DNS_DELEGATION, DNS_PERSIST, DNS_CAA or ACME_TEMPORARY), or
+        ``InvalidHostnameError`` when ``hostname`` is not a valid name at all.
         """
         host = normalize_hostname(hostname)
+        if self.require_ownership and self.ownership_secret is not None:
+            await check_ownership(host, tenant_id, self.ownership_secret, self.lookup_txt)
         ready: list[tuple[ValidationMethod, str, list[str] | None]] = []
         failures: list[tuple[ValidationMethod, DnsCheckError]] = []
         for method in self.candidates(host, requested):
@@ -239,10 +259,52 @@ class DnsChecker:
         return first
 
     async def check_cname(self, hostname: str) -> str:
-        """The CNAME check alone; what was found when it passes."""
+        """The routing check (http-01): ``hostname`` aliases ``cname_target``, or —
+        for an apex, which cannot be a CNAME, or any name on A/AAAA records — every
+        address it resolves to is one of ``edge_addresses``; what was found when it
+        passes. A partly moved hostname (some addresses ours, some not) is refused
+        naming the others: the CA may reach either."""
         host = normalize_hostname(hostname)
-        await follow_cname_chain(host, self.cname_target, self.lookup_cname)
+        try:
+            await follow_cname_chain(host, self.cname_target, self.lookup_cname)
+        except DnsCheckError as err:
+            if not self.edge_addresses:
+                raise
+            return await self._routed_by_address(host, err)
         return f"{host} aliases {self.cname_target}"
+
+    async def _routed_by_address(self, host: str, no_alias: DnsCheckError) -> str:
+        addresses: list[str] = []
+        failures: list[str] = []
+        for family in ("A", "AAAA"):
+            try:
+                addresses += await self.lookup_addresses(host, family)
+            except DnsLookupError as err:
+                failures.append(err.reason)
+        edge = sorted(self.edge_addresses)
+        if not addresses:
+            no_alias.message += f"; or A/AAAA records of the edge ({', '.join(edge)})"
+            raise no_alias
+        ours = [a for a in addresses if _address(a) in self.edge_addresses]
+        foreign = [a for a in addresses if _address(a) not in self.edge_addresses]
+        if foreign and ours:
+            raise DnsCheckError(
+                ErrorCode.DNS_CNAME,
+                f"{host} is partly moved: it resolves to {', '.join(ours)} (ours) and to"
+                f" {', '.join(foreign)}, which the CA may reach instead; point every"
+                f" A/AAAA record at the edge ({', '.join(edge)})",
+                found=addresses,
+                expected=", ".join(edge),
+            )
+        if foreign:
+            raise DnsCheckError(
+                ErrorCode.DNS_CNAME,
+                f"{no_alias.message}; or A/AAAA records of the edge ({', '.join(edge)}):"
+                f" it resolves to {', '.join(foreign)}",
+                found=addresses,
+                expected=", ".join(edge),
+            )
+        return f"{host} resolves to the edge ({', '.join(ours)})"
 
     async def check_caa(self, hostname: str) -> str:
         """The CAA check alone; the verdict's reason when it allows one of our CAs."""
@@ -313,3 +375,11 @@ _NO_PERSIST_CA = "no configured CA offers dns-persist-01 (the issuer setting dns
 def _not_set_up(err: DnsCheckError) -> bool:
     """A method this deployment does not offer: nothing a customer could fix."""
     return err.message in (_NO_DNS01, _NO_PERSIST_CA)
+
+
+def _address(text: str) -> str:
+    """An address in one spelling (``2001:DB8::1`` and ``2001:db8:0::1`` are one)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return text

@@ -13,7 +13,9 @@ from datetime import datetime
 import asyncpg
 
 from certflow.crypto import CertificateInfo
+from certflow.errors import ErrorCode
 from certflow.models import (
+    CertificateStatus,
     CertificateEvent,
     CertificateRecord,
     CertificateState,
@@ -110,12 +112,15 @@ async def persist_challenge(
     return bool(result)
 
 
-async def requested_method(pool: asyncpg.Pool, hostname: str) -> RequestedMethod:
-    """The validation method the row's request asked for (``auto`` when no row)."""
-    value = await pool.fetchval(
-        "SELECT requested_method FROM certificates WHERE hostname = $1", hostname
+async def attempt_request(pool: asyncpg.Pool, hostname: str) -> tuple[RequestedMethod, str | None]:
+    """What the row asks of an attempt now: its validation method (``auto`` when no
+    row) and its tenant (whose ownership may have to be proven)."""
+    row = await pool.fetchrow(
+        "SELECT requested_method, tenant_id FROM certificates WHERE hostname = $1", hostname
     )
-    return RequestedMethod(value) if value is not None else RequestedMethod.AUTO
+    if row is None:
+        return RequestedMethod.AUTO, None
+    return RequestedMethod(row["requested_method"]), row["tenant_id"]
 
 
 async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOrder | None:
@@ -318,6 +323,65 @@ OWNED_ELSEWHERE = "refused: requested by another tenant"
 """The message of the event a refused request leaves on the hostname's row."""
 
 
+async def give_up(
+    pool: asyncpg.Pool, certificate_id: str, status: CertificateStatus, code: ErrorCode, message: str
+) -> bool:
+    """Stop trying for a hostname: a PENDING row CANCELED, or an EXPIRED row kept
+    EXPIRED, with the code that says why (ABANDONED, DEPARTED) and any open order
+    dropped. False when the row is gone or moved on."""
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET
+            status = $2, provisioning_error = $3, provisioning_error_message = $4,
+            http_order_url = NULL, http_challenge_url = NULL, http_challenge_token = NULL,
+            http_challenge_key_auth = NULL, updated_at = now()
+        WHERE id = $1::uuid
+          AND (($2 = 'CANCELED' AND status IN ('PENDING', 'PROVISIONING'))
+               OR ($2 = 'EXPIRED' AND status = 'EXPIRED'))
+        RETURNING true
+        """,
+        certificate_id,
+        str(status),
+        str(code),
+        message,
+    )
+    return bool(result)
+
+
+async def transfer(
+    pool: asyncpg.Pool, certificate_id: str, to_tenant: str
+) -> tuple[str | None, CertificateRecord] | None:
+    """Move the row to ``to_tenant`` (the one change of tenant the row's trigger
+    lets through) and record the event; (the tenant it had, the row), or None when
+    the row is gone. The ownership proof is the caller's to check first."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL certflow.tenant_transfer = 'on'")
+        before = await conn.fetchval(
+            "SELECT tenant_id FROM certificates WHERE id = $1::uuid FOR UPDATE", certificate_id
+        )
+        row = await conn.fetchrow(
+            f"""
+            UPDATE certificates AS c SET tenant_id = $3, updated_at = now()
+            WHERE id = $1::uuid
+            RETURNING {_RECORD_COLUMNS}
+            """,
+            certificate_id,
+            None,
+            to_tenant,
+        )
+        if row is None:
+            return None
+        await conn.execute(
+            """
+            INSERT INTO certificate_events (certificate_id, hostname, from_status, to_status, message)
+            SELECT id, hostname, status, status, $2 FROM certificates WHERE id = $1::uuid
+            """,
+            certificate_id,
+            f"transferred to tenant {to_tenant}" + (f" from {before}" if before else ""),
+        )
+    return before, _record(row)
+
+
 async def request_certificates(
     pool: asyncpg.Pool,
     hostnames: Sequence[str],
@@ -348,6 +412,9 @@ async def request_certificates(
                 requested_method = CASE WHEN $4::text IS NULL THEN c.requested_method
                                         ELSE EXCLUDED.requested_method END,
                 status = CASE WHEN c.status = 'CANCELED' THEN 'PENDING' ELSE c.status END,
+                -- Asked again: a hostname given up on (DEPARTED) is tried again.
+                provisioning_error = CASE WHEN c.provisioning_error = 'DEPARTED' THEN NULL
+                                          ELSE c.provisioning_error END,
                 updated_at = now()
             -- Also against a row another tenant inserted since ``owned`` was read.
             WHERE EXCLUDED.tenant_id IS NULL OR c.tenant_id IS NULL
@@ -656,11 +723,17 @@ async def rows_without_workflow(
     ]
 
 
+_GIVEN_UP = "(status = 'EXPIRED' AND provisioning_error IS NOT DISTINCT FROM 'DEPARTED')"
+"""A row certflow stopped trying for (it left us and expired): no workflow until a new
+request; CANCELED rows (ABANDONED among them) are left alone anyway."""
+
+
 async def rows_to_restart(pool: asyncpg.Pool, hostnames: Sequence[str]) -> list[ReconcileRow]:
     """Of these hostnames (their workflows ended), the rows that should still have one."""
     rows = await pool.fetch(
         "SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id"
-        " FROM certificates WHERE hostname = ANY($1::citext[]) AND status <> 'CANCELED'",
+        " FROM certificates WHERE hostname = ANY($1::citext[]) AND status <> 'CANCELED'"
+        f" AND NOT {_GIVEN_UP}",
         list(hostnames),
     )
     return [ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"]) for r in rows]
@@ -670,7 +743,7 @@ async def all_open_rows(pool: asyncpg.Pool) -> list[ReconcileRow]:
     """Every row that should have a workflow (the full pass only)."""
     rows = await pool.fetch(
         "SELECT id::text AS certificate_id, hostname::text AS hostname, tenant_id"
-        " FROM certificates WHERE status <> 'CANCELED' ORDER BY created_at"
+        f" FROM certificates WHERE status <> 'CANCELED' AND NOT {_GIVEN_UP} ORDER BY created_at"
     )
     return [ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"]) for r in rows]
 

@@ -293,6 +293,44 @@ async def test_cli_rejects_every_bad_hostname_writing_nothing(
     assert not listed & my_ids, f"workflows started: {sorted(listed & my_ids)[:10]}"
 
 
+BAD_TENANTS: list[tuple[str, str]] = [
+    ("empty", ""),
+    ("blank", "   "),
+    ("nul", "tenant\x00evil"),
+    ("newline", "tenant\nINFO forged log line"),
+    ("escape", "tenant\x1b[31m"),
+    ("line-separator", "tenant\u2028x"),
+    ("over-long", "t" * 201),
+]
+
+
+async def test_cli_rejects_bad_tenants_for_request_and_transfer_writing_nothing(
+    deployment: Deployment, db: asyncpg.Pool
+) -> None:
+    """``request --tenant`` and ``transfer --to`` with each bad tenant id: exit 2, one
+    line saying "invalid tenant", nothing written for the request's hostname (its
+    row, its events) and no workflow touched."""
+    env = _client_env(deployment)
+    hostname = deployment.bare_hostname("hostile-tenant")
+    failures = []
+    for name, tenant in BAD_TENANTS:
+        for argv in (
+            ["request", hostname, "--tenant", tenant],
+            ["transfer", hostname, "--to", tenant],
+        ):
+            result = subprocess.run(
+                [sys.executable, "starter.py", *argv], cwd=ROOT, env=env, capture_output=True, timeout=120
+            )
+            lines = result.stderr.decode("utf-8", "backslashreplace").splitlines()
+            if result.returncode != 2 or len(lines) != 1 or not lines[0].startswith("certflow: invalid tenant "):
+                failures.append(f"{argv[0]} {name}: exit {result.returncode}, stderr {lines[:3]!r}")
+            elif not lines[0].isprintable():
+                failures.append(f"{argv[0]} {name}: the message is not printable")
+    assert not failures, "\n".join(failures)
+    assert await db.fetchval("SELECT count(*) FROM certificates WHERE hostname = $1", hostname) == 0
+    assert await db.fetchval("SELECT count(*) FROM certificate_events WHERE hostname = $1", hostname) == 0
+
+
 def test_cli_exits_cleanly_after_rejecting(deployment: Deployment) -> None:
     """Exit code 2 every time, never an interpreter abort (BUG-3, fixed in 2e9b65c: the
     CLI now refuses bad hostnames before connecting; the abort used to come within a few

@@ -188,9 +188,12 @@ def cas(
 
 async def _connect(env: dict[str, str]) -> CertflowClient:
     """A client of the worker started with ``env`` (its database, Temporal, queue)."""
-    keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
     return await CertflowClient.connect(
-        ClientSettings(**{k.removeprefix("CERTFLOW_").lower(): env[k] for k in keep})
+        ClientSettings(
+            database_url=env["CERTFLOW_DATABASE_URL"],
+            temporal_address=env["CERTFLOW_TEMPORAL_ADDRESS"],
+            task_queue=env["CERTFLOW_TASK_QUEUE"],
+        )
     )
 
 

@@ -65,7 +65,7 @@ def test_outcome_table(
 
 def test_code_sets() -> None:
     assert RECHECK_CODES == DNS_CODES | {E.HTTP01_UNREACHABLE, E.DNS01_UPDATE, E.DNS01_NOT_VISIBLE}
-    assert DNS_CODES == {E.DNS_CNAME, E.DNS_CAA, E.DNS_DELEGATION, E.DNS_PERSIST}
+    assert DNS_CODES == {E.DNS_CNAME, E.DNS_CAA, E.DNS_DELEGATION, E.DNS_PERSIST, E.OWNERSHIP_UNVERIFIED}
     assert TERMINAL_CODES == {E.ACME_REJECTED}
     assert not retries_automatically(E.ACME_REJECTED)
     assert retries_automatically(E.ACME_FAILED) and retries_automatically(None)

@@ -55,6 +55,9 @@ from certflow.models import (
     CertificateStatus,
     CheckDnsInput,
     Dns01ChallengeInput,
+    GiveUpInput,
+    TransferInput,
+    Transferred,
     CreateOrderInput,
     DnsVerdict,
     EnsureCertificateInput,
@@ -358,6 +361,31 @@ class Fakes:
             if result is DEFAULT:
                 row.dns01_txt = f"txt-of-{row.order_url}"
 
+        @activity.defn(name="give_up")
+        async def give_up(input: GiveUpInput) -> bool:
+            result, _ = await self._enter("give_up", input)
+            if result is not DEFAULT:
+                return bool(result)
+            allowed = (
+                (CertificateStatus.PENDING, CertificateStatus.PROVISIONING)
+                if input.status is CertificateStatus.CANCELED
+                else (CertificateStatus.EXPIRED,)
+            )
+            if row.deleted or row.status not in allowed:
+                return False
+            row.status, row.error_code, row.error_message = input.status, input.code, input.message
+            row.clear_order()
+            return True
+
+        @activity.defn(name="transfer_certificate")
+        async def transfer_certificate(input: TransferInput) -> Transferred:
+            result, _ = await self._enter("transfer_certificate", input)
+            if result is not DEFAULT:
+                return result  # type: ignore[no-any-return]
+            before = row.tenant_id
+            row.tenant_id = input.to_tenant
+            return Transferred(record=row.record(), from_tenant=before)
+
         @activity.defn(name="withdraw_dns01")
         async def withdraw_dns01(input: Dns01ChallengeInput) -> None:
             result, _ = await self._enter("withdraw_dns01", input)
@@ -583,6 +611,8 @@ class Fakes:
             check_http01,
             publish_dns01,
             withdraw_dns01,
+            transfer_certificate,
+            give_up,
             place_order,
             create_order,
             persist_challenge,

@@ -1,4 +1,5 @@
--- Validation over DNS (issue: certificates before the traffic moves). The method a
+-- Validation over DNS (issue: certificates before the traffic moves), and ownership
+-- (issue: a hostname belongs to one tenant, proven). The method a
 -- request asked for (auto: at each attempt the first ready), the method of the open
 -- order or the last attempt, and why it was chosen. Each ADD COLUMN is instant: no
 -- table rewrite at 100,000 rows.
@@ -17,4 +18,4 @@ ALTER TABLE certificates
         ('DNS_CNAME', 'DNS_CAA', 'ACME_RATE_LIMITED', 'ACME_INVALID_ORDER',
          'ACME_TEMPORARY', 'ACME_FAILED', 'ACME_REJECTED', 'HTTP01_UNREACHABLE',
          'INVALID_HOSTNAME', 'ACME_CAA', 'DNS_DELEGATION', 'DNS_PERSIST', 'DNS01_UPDATE',
-         'DNS01_NOT_VISIBLE'));
+         'DNS01_NOT_VISIBLE', 'OWNERSHIP_UNVERIFIED', 'ABANDONED', 'DEPARTED'));

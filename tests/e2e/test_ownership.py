@@ -1,0 +1,211 @@
+"""A hostname belongs to one tenant, proven; apex domains routed by address — on real
+DNS (Knot + Unbound, resolving for certflow and for Pebble), the fault proxy in front
+of Pebble counting what the CA was asked, a worker with ``REQUIRE_OWNERSHIP``.
+
+Every wait is on a condition (the row, the CA's counts)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from certflow.client import CertflowClient, HostnameOwnedError
+from certflow.crypto import EncryptionKey
+from certflow.edge.serving import SniCertificates
+from certflow.settings import ClientSettings
+from devstack import servers
+from devstack.faultproxy import FaultProxy, start_fault_proxy
+from devstack.realdns import RealDns, start_real_dns
+from tests.e2e.fault_fixtures import wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+EDGE = "edge.saas.test"
+EDGE_ADDRESSES = ("127.0.0.1", "127.0.0.8")  # the responder listens on every loopback address
+FOREIGN = "127.0.0.9"
+
+
+@dataclass
+class OwnershipStack:
+    dns: RealDns
+    pebble: servers.PebbleStack
+    proxy: FaultProxy
+    temporal: servers.TemporalDevServer
+    env: dict[str, str]
+    worker: servers.WorkerProcess
+
+    def client_env(self) -> dict[str, str]:
+        keep = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE", "CERTFLOW_OWNERSHIP_SECRET")
+        return {k: self.env[k] for k in keep} | {"PATH": "/usr/bin:/bin"}
+
+    def hostname(self, label: str) -> str:
+        host = f"{label}.o{uuid.uuid4().hex[:8]}.test"
+        self.dns.set_cname(host, EDGE)
+        return host
+
+    def prove(self, client: CertflowClient, hostname: str, tenant: str) -> None:
+        record = client.ownership_record(hostname, tenant)
+        assert record is not None
+        self.dns.set_records(record.name, "TXT", [f'"{record.value}"'])
+
+
+@pytest.fixture(scope="module")
+def stack(
+    temporal: servers.TemporalDevServer,
+    new_database: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OwnershipStack]:
+    workdir = tmp_path_factory.mktemp("ownership")
+    with contextlib.ExitStack() as cleanup:
+        dns = start_real_dns(workdir / "dns")
+        cleanup.callback(dns.stop)
+        dns.set_a(EDGE, ["127.0.0.1"])
+        pebble = servers.start_pebble(
+            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
+        )
+        cleanup.callback(pebble.stop)
+        proxy = start_fault_proxy(pebble, workdir / "pebble")
+        cleanup.callback(proxy.stop)
+        env = servers.certflow_environment(
+            pebble=pebble,
+            temporal_address=temporal.address,
+            database_url=new_database("certflow_ownership"),
+            encryption_key=base64.b64encode(secrets.token_bytes(32)).decode(),
+            cname_target=EDGE,
+            task_queue=f"certflow-owner-{uuid.uuid4().hex[:8]}",
+            extra={
+                "CERTFLOW_DNS_RESOLVER": dns.resolver,
+                "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
+                "CERTFLOW_HTTP01_LISTEN": f"0.0.0.0:{pebble.http01_port}",
+                "CERTFLOW_EDGE_ADDRESSES": ",".join(EDGE_ADDRESSES),
+                "CERTFLOW_REQUIRE_OWNERSHIP": "true",
+                "CERTFLOW_OWNERSHIP_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
+                "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
+                "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
+                "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
+                "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
+                "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+            },
+        )
+        worker = servers.start_worker(workdir / "workers", env)
+        cleanup.callback(worker.stop)
+        yield OwnershipStack(dns, pebble, proxy, temporal, env, worker)
+
+
+@pytest.fixture(scope="module")
+async def client(stack: OwnershipStack) -> AsyncIterator[CertflowClient]:
+    opened = await CertflowClient.connect(
+        ClientSettings(
+            database_url=stack.env["CERTFLOW_DATABASE_URL"],
+            temporal_address=stack.temporal.address,
+            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
+            ownership_secret=stack.env["CERTFLOW_OWNERSHIP_SECRET"],  # type: ignore[arg-type]
+        )
+    )
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_without_the_tenants_proof_nothing_reaches_the_ca(
+    stack: OwnershipStack, client: CertflowClient
+) -> None:
+    """REQUIRE_OWNERSHIP: routed to the edge but no ``_certflow`` TXT of its tenant:
+    OWNERSHIP_UNVERIFIED naming the record, budget untouched, 0 orders; issued within
+    a re-check once the record appears.
+
+    Shown red: with the ownership check taken out of DnsChecker.check, the
+    certificate was issued at once (one order) and the first assertion failed."""
+    hostname = stack.hostname("proof")
+    await client.request([hostname], tenant_id="tenant-a")
+    report = await wait_for(client, hostname, lambda r: r.error_code == "OWNERSHIP_UNVERIFIED", timeout=60)
+    record = client.ownership_record(hostname, "tenant-a")
+    assert record is not None and f'{record.name} TXT "{record.value}"' in (report.error_message or "")
+    assert report.retry_count == 0 and stack.proxy.new_orders_for(hostname) == 0
+    status = await client.status(hostname)
+    assert status is not None and status.ownership == record
+    stack.prove(client, hostname, "tenant-a")
+    await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=60)
+    assert stack.proxy.new_orders_for(hostname) == 1
+
+
+async def test_a_transfer_needs_the_new_tenants_proof_and_keeps_serving_until_reissued(
+    stack: OwnershipStack, client: CertflowClient
+) -> None:
+    """Another tenant's request is refused; ``transfer --to`` without the new tenant's
+    record exits 1 with one line and changes nothing; with it the hostname moves, the
+    old certificate is served until the new one (a new key, a new order) is stored."""
+    hostname = stack.hostname("moving")
+    stack.prove(client, hostname, "tenant-a")
+    await client.request([hostname], tenant_id="tenant-a")
+    first = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=60)
+    with pytest.raises(HostnameOwnedError):
+        await client.request([hostname], tenant_id="tenant-b")
+
+    refused = subprocess.run(
+        [sys.executable, "starter.py", "transfer", hostname, "--to", "tenant-b"],
+        cwd=ROOT, env=stack.client_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused
+    assert "not proven" in refused.stderr
+    row = await client.pool.fetchrow("SELECT tenant_id FROM certificates WHERE hostname = $1", hostname)
+    assert row is not None and row["tenant_id"] == "tenant-a"
+
+    key = EncryptionKey(base64.b64decode(stack.env["CERTFLOW_ENCRYPTION_KEY"]))
+    edge = SniCertificates(client.pool, key)
+    await edge.refresh()
+    assert edge.serial_for(hostname) == first.serial
+    stack.prove(client, hostname, "tenant-b")
+    moved = subprocess.run(
+        [sys.executable, "starter.py", "transfer", hostname, "--to", "tenant-b"],
+        cwd=ROOT, env=stack.client_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert moved.returncode == 0, moved
+    await edge.refresh()
+    assert edge.serial_for(hostname) == first.serial  # served until the new one is stored
+    renewed = await wait_for(
+        client, hostname, lambda r: r.status == "ACTIVE" and r.serial != first.serial, timeout=90
+    )
+    await edge.refresh()
+    assert edge.serial_for(hostname) == renewed.serial
+    assert renewed.tenant_id == "tenant-b" and stack.proxy.new_orders_for(hostname) == 2
+    events = [e.message for e in await client.events(hostname)]
+    assert any("transferred to tenant tenant-b from tenant-a" in (m or "") for m in events), events
+
+
+async def test_an_apex_on_the_edges_addresses_issues(stack: OwnershipStack, client: CertflowClient) -> None:
+    apex = f"o{uuid.uuid4().hex[:8]}.test"
+    stack.dns.set_a(apex, list(EDGE_ADDRESSES))
+    stack.prove(client, apex, "tenant-apex")
+    await client.request([apex], tenant_id="tenant-apex")
+    await wait_for(client, apex, lambda r: r.status == "ACTIVE", timeout=60)
+    assert stack.proxy.new_orders_for(apex) == 1
+
+
+async def test_a_partly_moved_apex_is_refused_naming_the_foreign_address(
+    stack: OwnershipStack, client: CertflowClient
+) -> None:
+    """One A record ours, one not: the CA may reach either, so no order is placed.
+
+    Shown red: with the partly-moved branch removed from DnsChecker (any address of
+    ours passing), the order was placed and the CA's validation could hit the
+    foreign address."""
+    apex = f"o{uuid.uuid4().hex[:8]}.test"
+    stack.dns.set_a(apex, [EDGE_ADDRESSES[0], FOREIGN])
+    stack.prove(client, apex, "tenant-apex")
+    await client.request([apex], tenant_id="tenant-apex")
+    report = await wait_for(client, apex, lambda r: r.error_code == "DNS_CNAME", timeout=60)
+    assert "partly moved" in (report.error_message or "") and FOREIGN in (report.error_message or "")
+    assert stack.proxy.new_orders_for(apex) == 0
+    await client.cancel(apex)
