@@ -19,7 +19,7 @@ signals, updates); each phase is a file of its own: ``obtain`` (one attempt),
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from certflow.contract import CERTIFICATE_WORKFLOW
@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policy import RECHECK_CODES
     from workflows.run_state import RunState, Stopped, StopRequest
     from activities.dns import DnsActivities
-    from workflows.steps import DNS, AttemptFailed, run
+    from workflows.steps import DNS, AttemptFailed, failure_of, run
 
 from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
@@ -232,15 +232,18 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
         once, with a new key: the old tenant's certificate is served until then."""
         await workflow.wait_condition(lambda: self._state.current is not None)
         record = self._record
-        moved = await run(
-            DNS,
-            DnsActivities.transfer_certificate,
-            TransferInput(
-                certificate_id=record.certificate_id,
-                hostname=record.hostname,
-                to_tenant=request.to_tenant,
-            ),
-        )
+        try:
+            moved = await run(
+                DNS,
+                DnsActivities.transfer_certificate,
+                TransferInput(
+                    certificate_id=record.certificate_id,
+                    hostname=record.hostname,
+                    to_tenant=request.to_tenant,
+                ),
+            )
+        except ActivityError as err:  # refused: the caller reads why, nothing changed
+            raise ApplicationError(failure_of(err).message, non_retryable=True) from None
         before = self._record.model_copy(update={"tenant_id": moved.from_tenant})
         self._set_record(self._record.model_copy(update={"tenant_id": moved.record.tenant_id}))
         await self._notify("transferred", about=before)

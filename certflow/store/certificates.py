@@ -24,7 +24,6 @@ from certflow.models import (
     Outcome,
     RenewalAdvice,
     RequestedMethod,
-    ValidationMethod,
 )
 
 _RECORD_COLUMNS = """
@@ -106,7 +105,7 @@ async def persist_challenge(
         order.challenge_url,
         order.order_url,
         order.replaces,
-        str(order.method or ValidationMethod.HTTP_01),
+        None if order.method is None else str(order.method),  # None: http-01, as before methods
         method_reason,
     )
     return bool(result)

@@ -126,7 +126,7 @@ async def test_without_the_tenants_proof_nothing_reaches_the_ca(
     a re-check once the record appears.
 
     Shown red: with the ownership check taken out of DnsChecker.check, the
-    certificate was issued at once (one order) and the first assertion failed."""
+    certificate was issued at once and OWNERSHIP_UNVERIFIED never showed."""
     hostname = stack.hostname("proof")
     await client.request([hostname], tenant_id="tenant-a")
     report = await wait_for(client, hostname, lambda r: r.error_code == "OWNERSHIP_UNVERIFIED", timeout=60)
@@ -199,8 +199,8 @@ async def test_a_partly_moved_apex_is_refused_naming_the_foreign_address(
     """One A record ours, one not: the CA may reach either, so no order is placed.
 
     Shown red: with the partly-moved branch removed from DnsChecker (any address of
-    ours passing), the order was placed and the CA's validation could hit the
-    foreign address."""
+    ours passing), the order was placed and issued — here the CA happened to reach
+    the address of ours."""
     apex = f"o{uuid.uuid4().hex[:8]}.test"
     stack.dns.set_a(apex, [EDGE_ADDRESSES[0], FOREIGN])
     stack.prove(client, apex, "tenant-apex")

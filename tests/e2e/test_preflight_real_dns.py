@@ -1020,10 +1020,11 @@ def run_check(stack: DnsStack, args: Sequence[str], worker: str = "main") -> sub
 
 
 def check_lines(output: str) -> dict[str, tuple[str, str]]:
-    """``  name    ok   message`` lines → name: (ok|FAIL, message)."""
+    """``  name    ok   message`` lines → name: (ok|FAIL, message); the validation
+    methods' lines (``  method …``, ``    add: …``) are not checks."""
     found = {}
     for line in output.splitlines():
-        if line.startswith("  "):
+        if line.startswith("  ") and not line.startswith(("  method ", "    ")):
             name, verdict, message = line.strip().split(None, 2)
             found[name] = (verdict, message)
     return found
@@ -1051,7 +1052,7 @@ async def test_starter_check(stack: DnsStack, clients: dict[str, CertflowClient]
     assert result.returncode == 0, result.stderr
     lines = check_lines(result.stdout)
     assert {n: v for n, (v, _) in lines.items()} == {"cname": "ok", "caa": "ok", "http01": "ok"}
-    assert len([l for l in result.stdout.splitlines() if l.startswith("  ")]) == 3
+    assert len(check_lines(result.stdout)) == 3
     assert result.stdout.splitlines()[0] == f"{good}: ok"
 
     # Case 1 (and --json).

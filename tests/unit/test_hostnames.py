@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from certflow.hostnames import is_wildcard, InvalidHostnameError, normalize_hostname
+from certflow.hostnames import (
+    InvalidHostnameError,
+    InvalidTenantError,
+    is_wildcard,
+    normalize_hostname,
+    normalize_tenant_id,
+)
 
 LABEL_63 = "a" * 63
 NAME_253 = ".".join([LABEL_63, LABEL_63, LABEL_63, "a" * 61])
@@ -183,3 +189,17 @@ def test_is_a_value_error_and_pickles() -> None:
     error = InvalidHostnameError("a..b", "empty label")
     clone = pickle.loads(pickle.dumps(error))
     assert (clone.hostname, clone.reason, str(clone)) == (error.hostname, error.reason, str(error))
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [("", "empty"), ("  ", "empty"), ("a\x00b", "U+0000"), ("a\nb", "U+000A"), ("t" * 201, "longer than 200")],
+)
+def test_a_bad_tenant_id_is_refused_with_a_reason(raw: str, reason: str) -> None:
+    with pytest.raises(InvalidTenantError) as raised:
+        normalize_tenant_id(raw)
+    assert reason in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_tenant_id_is_kept_as_the_product_wrote_it() -> None:
+    assert normalize_tenant_id("  Tenant-42/ü ") == "Tenant-42/ü"
