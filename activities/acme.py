@@ -27,7 +27,7 @@ from certflow.models import (
     RenewalAdvice,
     WaitForOrderInput,
 )
-from certflow.store import certificates
+from certflow.store import attempts
 from certflow.tracing import step_span
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class AcmeActivities:
         hostname at the issuer of its attempt (0 when none): the account's, its
         registered domain's, its own, less those a renewal at the CA of its
         certificate is exempt from."""
-        attempt = await certificates.attempt_issuer(self._pool, hostname)
+        attempt = await attempts.attempt_issuer(self._pool, hostname)
         try:
             orders = self._issuers.at(attempt.order_issuer)
             renews_here = attempt.has_certificate and (
@@ -146,7 +146,7 @@ class AcmeActivities:
         issued it, when its directory advertises ``renewalInfo``. Failures (503 +
         Retry-After included) only ask to re-check later; they never fail the
         certificate."""
-        issuer = await certificates.certificate_issuer(self._pool, certificate_id)
+        issuer = await attempts.certificate_issuer(self._pool, certificate_id)
         try:
             orders = self._issuers.at(issuer)
             await orders.ready()
@@ -169,7 +169,7 @@ class AcmeActivities:
         """Revoke the current certificate at the CA that issued it (already revoked
         is success)."""
         try:
-            orders = self._issuers.at(await certificates.certificate_issuer(self._pool, certificate_id))
+            orders = self._issuers.at(await attempts.certificate_issuer(self._pool, certificate_id))
             await orders.ready()
             await orders.revoke(certificate_id)
         except ProvisioningError as err:

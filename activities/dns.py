@@ -25,6 +25,7 @@ from certflow.models import (
     Transferred,
 )
 from certflow.store import certificates
+from certflow.store import requests
 from certflow.tracing import step_span
 
 VISIBLE_WITHIN_SECONDS = 30.0
@@ -109,7 +110,7 @@ class DnsActivities:
                 )
             await check_ownership(input.hostname, input.to_tenant, secret, self._checker.lookup_txt)
             assert self._pool is not None
-            moved = await certificates.transfer(self._pool, input.certificate_id, input.to_tenant)
+            moved = await requests.transfer(self._pool, input.certificate_id, input.to_tenant)
             if moved is None:
                 raise ProvisioningError(ErrorCode.ACME_INVALID_ORDER, "the certificate row is gone")
         except ProvisioningError as err:

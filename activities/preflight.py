@@ -21,6 +21,7 @@ from temporalio import activity
 from certflow.dns.checks import DnsChecker
 from certflow.dns.http01 import Http01Fetcher, Http01Unreachable
 from certflow.store import certificates
+from certflow.store import challenges
 from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.dns.ownership import check_ownership
@@ -95,11 +96,11 @@ class PreflightActivities:
         if not is_wildcard(hostname):
             token = secrets.token_urlsafe(32)
             key_authorization = f"{token}.{secrets.token_urlsafe(32)}"
-            await certificates.add_probe(self._pool, hostname, token, key_authorization)
+            await challenges.add_probe(self._pool, hostname, token, key_authorization)
             try:
                 await run("http01", self._fetcher.check(hostname, token, key_authorization))
             finally:
-                await certificates.remove_probe(self._pool, token)
+                await challenges.remove_probe(self._pool, token)
         if any(m.ready and m.method is not ValidationMethod.HTTP_01 for m in methods):
             # Validated over DNS: the routing checks only say whether traffic moved.
             checks = [c for c in checks if c.name in ("caa", "ownership")] + [

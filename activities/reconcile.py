@@ -21,8 +21,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
-from certflow.store import certificates
-from certflow.store.certificates import ReconcileRow
+from certflow.store import reconcile
+from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.models import CertificateInput, ReconcileInput, ReconcileResult
@@ -88,7 +88,7 @@ class ReconcileActivities:
         result = _Pass()
         slots = asyncio.Semaphore(START_CONCURRENCY)
         if input is not None and input.full:
-            rows = await certificates.all_open_rows(self._pool)
+            rows = await reconcile.all_open_rows(self._pool)
             running = {e.id async for e in self._client.list_workflows(
                 f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
             )}
@@ -98,7 +98,7 @@ class ReconcileActivities:
             return self._logged(result)
         after: tuple[datetime, str] | None = None
         while True:
-            page = await certificates.rows_without_workflow(self._pool, after, PAGE)
+            page = await reconcile.rows_without_workflow(self._pool, after, PAGE)
             await self._start_all(page, result, slots)
             result.checked += len(page)
             activity.heartbeat()
@@ -109,7 +109,7 @@ class ReconcileActivities:
             after = (last.created_at, last.certificate_id)
         ended = await self._ended_hostnames()
         if ended:
-            rows = await certificates.rows_to_restart(self._pool, ended)
+            rows = await reconcile.rows_to_restart(self._pool, ended)
             await self._start_all(rows, result, slots)
             result.checked += len(rows)
         return self._logged(result)
@@ -152,13 +152,13 @@ class ReconcileActivities:
         try:
             hostname = normalize_hostname(row.hostname)
         except InvalidHostnameError as err:
-            await certificates.refuse_hostname(self._pool, row.certificate_id, str(err))
+            await reconcile.refuse_hostname(self._pool, row.certificate_id, str(err))
             result.add_refused(row.hostname)
             return None
-        if hostname != row.hostname and not await certificates.rename(
+        if hostname != row.hostname and not await reconcile.rename(
             self._pool, row.certificate_id, hostname
         ):
-            await certificates.refuse_hostname(
+            await reconcile.refuse_hostname(
                 self._pool,
                 row.certificate_id,
                 f"{row.hostname!r} is {hostname}, which another row already has",

@@ -27,8 +27,8 @@ from certflow.acme.ari import (
 )
 from certflow.acme.client import AcmeClients
 from certflow.acme.pacing import PollPacer
-from certflow.store import certificates
-from certflow.store.certificates import RenewalInfoRow
+from certflow.store import renewal_info
+from certflow.store.renewal_info import RenewalInfoRow
 from certflow.contract import workflow_id_for
 from certflow.models import RenewalAdvice, RenewalInfoSweepResult, RenewalWindow
 
@@ -63,7 +63,7 @@ class RenewalInfoSweep:
         asked = moved = 0
         slots = asyncio.Semaphore(CONCURRENCY)
         while True:
-            due = await certificates.renewal_info_due(self._pool, PAGE)
+            due = await renewal_info.renewal_info_due(self._pool, PAGE)
             if not due:
                 break
 
@@ -83,7 +83,7 @@ class RenewalInfoSweep:
 
             answers = await asyncio.gather(*(one(r) for r in due))
             asked += len(answers)
-            await certificates.record_renewal_info(
+            await renewal_info.record_renewal_info(
                 self._pool,
                 [
                     (row.certificate_id, row.serial, a.window_start, a.window_end, next_check(a))

@@ -25,7 +25,8 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from certflow.store import certificates, cooldowns
+from certflow.store import cooldowns
+from certflow.store import attempts, requests
 from certflow.contract import (
     CERTIFICATE_WORKFLOW,
     DOMAIN_CHECK_WORKFLOW,
@@ -159,7 +160,7 @@ class CertflowClient:
                     raise InvalidHostnameError(
                         hostname, "a wildcard is validated over DNS only (dns-01 or dns-persist-01)"
                     )
-        refused = await certificates.request_certificates(self.pool, unique, tenant_id, method)
+        refused = await requests.request_certificates(self.pool, unique, tenant_id, method)
         if refused:
             raise HostnameOwnedError(refused)
         # Starts are independent round trips to Temporal: a few at a time.
@@ -186,7 +187,7 @@ class CertflowClient:
         """The row, with the running workflow's phase and next attempt; None when
         there is no row for the hostname."""
         hostname = normalize_hostname(hostname)
-        row = await certificates.certificate_state(self.pool, hostname)
+        row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             return None
         update: dict[str, Any] = {"workflow_id": workflow_id_for(hostname)}
@@ -207,11 +208,11 @@ class CertflowClient:
 
     async def list_certificates(self, status: str | None = None) -> list[CertificateState]:
         """Certificates from Postgres (the rows alone), optionally of one status."""
-        return await certificates.list_certificates(self.pool, status)
+        return await requests.list_certificates(self.pool, status)
 
     async def events(self, hostname: str) -> list[CertificateEvent]:
         """The certificate's transitions, oldest first."""
-        return await certificates.events(self.pool, normalize_hostname(hostname))
+        return await requests.events(self.pool, normalize_hostname(hostname))
 
     async def retry(self, hostname: str) -> CertificateState:
         """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
@@ -262,7 +263,7 @@ class CertflowClient:
         """The cooldowns in force that hold back hostname's next order: the account's,
         its registered domain's, its own (less those its renewal is exempt from)."""
         hostname = normalize_hostname(hostname)
-        kind = await certificates.order_kind(self.pool, hostname)
+        kind = await attempts.order_kind(self.pool, hostname)
         found: list[Cooldown] = []
         for directory_url in {c.directory_url for c in await cooldowns.active_cooldowns(self.pool)}:
             found += await cooldowns.applicable_cooldowns(
@@ -293,7 +294,7 @@ class CertflowClient:
                 raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}")
         cleared = await cooldowns.clear_cooldowns(self.pool, chosen, key)
         waiting = [
-            h for h in await certificates.waiting_for_cooldown(self.pool) if _freed(h, cleared)
+            h for h in await requests.waiting_for_cooldown(self.pool) if _freed(h, cleared)
         ]
         for hostname in waiting:
             with contextlib.suppress(RPCError):
@@ -359,7 +360,7 @@ class CertflowClient:
         """Deliver the update, starting the workflow first if none runs (so a worker,
         which holds the ACME account, carries it out)."""
         hostname = normalize_hostname(hostname)
-        row = await certificates.certificate_state(self.pool, hostname)
+        row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             raise ActionRejectedError(f"no certificate for {hostname}")
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(

@@ -43,6 +43,7 @@ from certflow.acme.problems import (
 from certflow.acme.pacing import PollPacer
 from certflow.acme.ari import fetch_renewal_info, next_check, renewal_info_url
 from certflow.store import accounts, certificates, cooldowns
+from certflow.store import attempts, issued
 from certflow.hostnames import registered_domain
 from certflow.acme.slots import NoOrderSlotError, order_slot
 from certflow.crypto import (
@@ -345,7 +346,7 @@ class IssuerOrders:
             malformed = problem_suffix(err.problem_type) == "malformed"
             if refusal is ReplacesRefusal.TEMPORARY:
                 if certificate_id is not None:
-                    await certificates.note_replaces_failing(self._pool, certificate_id)
+                    await attempts.note_replaces_failing(self._pool, certificate_id)
                 raise AcmeProblemError(
                     code=ErrorCode.ACME_TEMPORARY,
                     message=f"the CA could not check `replaces` (retrying with it later): {err.detail}",
@@ -376,7 +377,7 @@ class IssuerOrders:
         refusal blocks a renewal."""
         if not self._clients.takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
             return None
-        current = await certificates.replaced_certificate(self._pool, certificate_id)
+        current = await attempts.replaced_certificate(self._pool, certificate_id)
         if current is None:
             return None
         if current.failing_for_seconds > REPLACES_FAILING_FOR_SECONDS:
@@ -465,7 +466,7 @@ class IssuerOrders:
             if stored is not None:
                 return stored
         if input.issuer is not None:
-            await certificates.choose_issuer(
+            await attempts.choose_issuer(
                 self._pool, input.certificate_id, self.name, input.issuer_reason
             )
         order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
@@ -584,7 +585,7 @@ class IssuerOrders:
     # -- finalize_and_store --------------------------------------------------
 
     async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
-        stored = await certificates.issued_by_order(
+        stored = await issued.issued_by_order(
             self._pool, input.certificate_id, input.order_url
         )
         if stored is not None:  # an earlier attempt committed
@@ -592,14 +593,14 @@ class IssuerOrders:
             return _issued(certificate_info(stored_leaf), stored_window)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
-        encrypted = await certificates.load_pending_key(
+        encrypted = await issued.load_pending_key(
             self._pool, input.certificate_id, input.order_url
         )
         if status == AcmeStatus.READY:
             if encrypted is None:
                 key = generate_private_key(self._key_type)
                 encrypted = self._key.encrypt(private_key_to_pem(key))
-                if not await certificates.store_pending_key(
+                if not await issued.store_pending_key(
                     self._pool, input.certificate_id, input.order_url, encrypted
                 ):
                     raise AcmeProblemError(
@@ -636,7 +637,7 @@ class IssuerOrders:
             )
         info = certificate_info(leaf)
         window = await self._first_renewal_info(leaf)
-        if not await certificates.store_issued(
+        if not await issued.store_issued(
             self._pool,
             input.certificate_id,
             input.order_url,
@@ -715,7 +716,7 @@ class IssuerOrders:
 
     async def renewal_advice(self, certificate_id: str) -> RenewalAdvice:
         base_url = self._clients.account.directory_json.get("renewalInfo")
-        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
+        leaf_pem = await attempts.current_certificate_pem(self._pool, certificate_id)
         if not base_url or leaf_pem is None:
             return RenewalAdvice()
         url = renewal_info_url(str(base_url), leaf_pem)
@@ -740,7 +741,7 @@ class IssuerOrders:
         await self._call(deactivate)
 
     async def revoke(self, certificate_id: str) -> None:
-        leaf_pem = await certificates.current_certificate_pem(self._pool, certificate_id)
+        leaf_pem = await attempts.current_certificate_pem(self._pool, certificate_id)
         if leaf_pem is None:
             return
         cert = x509.load_pem_x509_certificate(leaf_pem.encode())

@@ -21,7 +21,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from certflow.store import certificates
+from certflow.store import challenges
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -65,7 +65,7 @@ class ChallengeResponder:
         hit = self._cache.get((token, host))
         if hit is not None and hit[0] > now:
             return hit[1]
-        key_authorization = await certificates.challenge_key_authorization(
+        key_authorization = await challenges.challenge_key_authorization(
             self._pool, token, host
         )
         if key_authorization is not None:

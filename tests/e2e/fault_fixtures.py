@@ -12,6 +12,7 @@ database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import base64
 import gzip
 import http.server
@@ -223,6 +224,24 @@ def _start_worker_with_attempts(
             if attempt == attempts:
                 raise
     raise AssertionError("unreachable")
+
+
+@contextlib.asynccontextmanager
+async def client_of(env: dict[str, str]) -> AsyncIterator[CertflowClient]:
+    """A client of the worker started with ``env``: its database, Temporal, task queue
+    (and ownership secret, when it has one); closed on exit."""
+    client = await CertflowClient.connect(
+        ClientSettings(
+            database_url=env["CERTFLOW_DATABASE_URL"],
+            temporal_address=env["CERTFLOW_TEMPORAL_ADDRESS"],
+            task_queue=env["CERTFLOW_TASK_QUEUE"],
+            ownership_secret=env.get("CERTFLOW_OWNERSHIP_SECRET"),  # type: ignore[arg-type]
+        )
+    )
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 async def connect_client(stack: Stack, task_queue: str | None = None) -> CertflowClient:

@@ -36,6 +36,7 @@ from activities.acme import AcmeActivities
 from certflow.acme.orders import Issuers
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
+from certflow.store import issued as issued_rows
 from certflow.crypto import (
     generate_private_key,
     load_private_key,
@@ -134,18 +135,18 @@ async def test_valid_order_is_paired_with_the_key_stored_before_finalize(
     certificate_id, order_url = await _ready_order(acme, db, deployment, planted)
     hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
     key = generate_private_key(KeyType.EC256)
-    assert await certificates.store_pending_key(
+    assert await issued_rows.store_pending_key(
         db, certificate_id, order_url, deployment.encryption_key.encrypt(private_key_to_pem(key))
     )
     await asyncio.to_thread(_finalize_out_of_band, acme, order_url, make_csr(key, hostname))
 
-    issued = await ActivityEnvironment().run(
+    result = await ActivityEnvironment().run(
         acme.finalize_and_store,
         FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
     )
 
     row = await db.fetchrow("SELECT * FROM certificates WHERE id = $1::uuid", certificate_id)
-    assert row["status"] == "ACTIVE" and row["ssl_serial"] == issued.serial_hex
+    assert row["status"] == "ACTIVE" and row["ssl_serial"] == result.serial_hex
     stored = load_private_key(deployment.encryption_key.decrypt(bytes(row["encrypted_ssl_private_key"])))
     assert public_key_matches(row["ssl_certificate"], stored)
     assert public_key_matches(row["ssl_certificate"], key)  # the very key stored before finalize
@@ -159,7 +160,7 @@ async def test_retried_finalize_reuses_the_stored_key(
     certificate_id, order_url = await _ready_order(acme, db, deployment, planted)
     hostname = await db.fetchval("SELECT hostname::text FROM certificates WHERE id = $1::uuid", certificate_id)
     key = generate_private_key(KeyType.EC256)
-    await certificates.store_pending_key(
+    await issued_rows.store_pending_key(
         db, certificate_id, order_url, deployment.encryption_key.encrypt(private_key_to_pem(key))
     )
     # The order is still `ready`: finalize_and_store must use the stored key, not a new one.

@@ -26,11 +26,10 @@ from certflow.client import CertflowClient
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates
 from certflow.models import RequestedMethod
-from certflow.settings import ClientSettings
 from devstack import servers
 from devstack.acme2certifier import Acme2CertifierStack, start_acme2certifier
 from devstack.realdns import RealDns, start_real_dns
-from tests.e2e.fault_fixtures import wait_for
+from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -86,11 +85,7 @@ def stack(
             "CERTFLOW_HTTP01_LISTEN": f"127.0.0.5:{port}",
             "CERTFLOW_HTTP01_SELF_CHECK_PORT": str(port),
             "CERTFLOW_HTTP01_ALLOW_RESERVED": servers.LOOPBACK_NETWORKS,
-            "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
-            "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
-            "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
-            "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
-            "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+            **SHORT_POLICY,
         }
         worker = servers.start_worker(workdir / "workers", env)
         cleanup.callback(worker.stop)
@@ -99,17 +94,8 @@ def stack(
 
 @pytest.fixture(scope="module")
 async def client(stack: PersistStack) -> AsyncIterator[CertflowClient]:
-    opened = await CertflowClient.connect(
-        ClientSettings(
-            database_url=stack.env["CERTFLOW_DATABASE_URL"],
-            temporal_address=stack.temporal.address,
-            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
-        )
-    )
-    try:
+    async with client_of(stack.env) as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 def _persist_record(stack: PersistStack, hostname: str) -> dict[str, str]:

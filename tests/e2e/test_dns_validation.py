@@ -34,27 +34,17 @@ from certflow.crypto import EncryptionKey
 from certflow.dns.dns01 import delegation_label
 from certflow.edge.serving import SniCertificates
 from certflow.models import RequestedMethod
-from certflow.settings import ClientSettings
 from devstack import servers
 from devstack.dns01zone import Dns01Zone, start_dns01_zone
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns, start_real_dns
-from tests.e2e.fault_fixtures import wait_for
+from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 EDGE = "edge.saas.test"
 NOWHERE = "127.0.0.9"  # a customer's current provider: nothing of ours listens there
-SHORT_POLICY = {
-    "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
-    "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
-    "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
-    "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
-    "CERTFLOW_FAILED_RETRY_SECONDS": "0",
-    "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
-}
-
 
 @dataclass
 class CaView:
@@ -179,17 +169,8 @@ def stack(
 
 @pytest.fixture(scope="module")
 async def client(stack: DnsValidationStack) -> AsyncIterator[CertflowClient]:
-    opened = await CertflowClient.connect(
-        ClientSettings(
-            database_url=stack.database_url,
-            temporal_address=stack.temporal.address,
-            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
-        )
-    )
-    try:
+    async with client_of(stack.env) as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 async def _row(client: CertflowClient, hostname: str) -> asyncpg.Record:

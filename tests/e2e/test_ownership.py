@@ -21,11 +21,10 @@ import pytest
 from certflow.client import CertflowClient, HostnameOwnedError
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates
-from certflow.settings import ClientSettings
 from devstack import servers
 from devstack.faultproxy import FaultProxy, start_fault_proxy
 from devstack.realdns import RealDns, start_real_dns
-from tests.e2e.fault_fixtures import wait_for
+from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -90,11 +89,7 @@ def stack(
                 "CERTFLOW_EDGE_ADDRESSES": ",".join(EDGE_ADDRESSES),
                 "CERTFLOW_REQUIRE_OWNERSHIP": "true",
                 "CERTFLOW_OWNERSHIP_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
-                "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
-                "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",
-                "CERTFLOW_FAILURE_BACKOFF_INITIAL_SECONDS": "1",
-                "CERTFLOW_FAILURE_BACKOFF_MAX_SECONDS": "2",
-                "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
+                **SHORT_POLICY,
             },
         )
         worker = servers.start_worker(workdir / "workers", env)
@@ -104,18 +99,8 @@ def stack(
 
 @pytest.fixture(scope="module")
 async def client(stack: OwnershipStack) -> AsyncIterator[CertflowClient]:
-    opened = await CertflowClient.connect(
-        ClientSettings(
-            database_url=stack.env["CERTFLOW_DATABASE_URL"],
-            temporal_address=stack.temporal.address,
-            task_queue=stack.env["CERTFLOW_TASK_QUEUE"],
-            ownership_secret=stack.env["CERTFLOW_OWNERSHIP_SECRET"],  # type: ignore[arg-type]
-        )
-    )
-    try:
+    async with client_of(stack.env) as opened:
         yield opened
-    finally:
-        await opened.close()
 
 
 async def test_without_the_tenants_proof_nothing_reaches_the_ca(

@@ -25,6 +25,7 @@ import asyncpg
 import pytest
 
 from certflow.store import certificates, cooldowns
+from certflow.store import attempts, challenges, issued, reconcile, renewal_info, requests
 from certflow.crypto import CertificateInfo, EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.metrics import CertflowMetrics
@@ -160,16 +161,16 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     # A certificate's workflow, one step after another.
     await certificates.ensure_certificate(db, pending, None, "saas.test")
     await certificates.load_record(db, pending_id, "saas.test")
-    await certificates.choose_issuer(db, pending_id, "zerossl", "CAA does not allow letsencrypt")
-    await certificates.attempt_issuer(db, pending)
-    await certificates.certificate_issuer(db, cert_id)
+    await attempts.choose_issuer(db, pending_id, "zerossl", "CAA does not allow letsencrypt")
+    await attempts.attempt_issuer(db, pending)
+    await attempts.certificate_issuer(db, cert_id)
     await certificates.persist_challenge(db, pending_id, order)
     await certificates.stored_open_order(db, pending_id)
-    await certificates.store_pending_key(db, pending_id, order.order_url, b"sealed")
-    await certificates.load_pending_key(db, pending_id, order.order_url)
-    await certificates.issued_by_order(db, pending_id, order.order_url)
+    await issued.store_pending_key(db, pending_id, order.order_url, b"sealed")
+    await issued.load_pending_key(db, pending_id, order.order_url)
+    await issued.issued_by_order(db, pending_id, order.order_url)
     info = CertificateInfo(serial_hex="ab", not_before=now, not_after=now + timedelta(days=90))
-    await certificates.store_issued(db, pending_id, order.order_url, "leaf", "chain", info)
+    await issued.store_issued(db, pending_id, order.order_url, "leaf", "chain", info)
     await certificates.record_failure(
         db,
         cert_id,
@@ -184,20 +185,20 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     await certificates.reopen_failed(db, cert_id)
     await certificates.begin_renewal(db, cert_id)
     await certificates.mark_expired(db, cert_id)
-    await certificates.current_certificate_pem(db, cert_id)
-    await certificates.order_kind(db, hostname)
+    await attempts.current_certificate_pem(db, cert_id)
+    await attempts.order_kind(db, hostname)
     await cooldowns.applicable_cooldowns(db, "https://ca.test/dir", hostname, "t254.test", OrderKind.NEW)
     # The responder and the product's reads.
-    await certificates.challenge_key_authorization(db, "tok4240", pending)
-    await certificates.certificate_state(db, hostname)
-    await certificates.events(db, hostname)
-    await certificates.waiting_for_cooldown(db)
+    await challenges.challenge_key_authorization(db, "tok4240", pending)
+    await requests.certificate_state(db, hostname)
+    await requests.events(db, hostname)
+    await requests.waiting_for_cooldown(db)
     # Reconcile and the renewal-info sweep.
-    await certificates.rows_without_workflow(db, None, 500)
-    await certificates.rows_to_restart(db, [hostname, pending])
-    due = await certificates.renewal_info_due(db, 500)
+    await reconcile.rows_without_workflow(db, None, 500)
+    await reconcile.rows_to_restart(db, [hostname, pending])
+    due = await renewal_info.renewal_info_due(db, 500)
     assert due, "no certificate was due: the sweep's query was not exercised"
-    await certificates.record_renewal_info(
+    await renewal_info.record_renewal_info(
         db,
         [(r.certificate_id, r.serial, now, now + timedelta(days=1), now + timedelta(hours=6)) for r in due],
     )

@@ -67,8 +67,13 @@ def _check(lengths: list[int], what: str, calls: int) -> None:
 
 
 async def test_a_year_of_wrong_dns(workflow_env: WorkflowEnvironment) -> None:
+    # Never abandoned here (PENDING_TIMEOUT_DAYS 0): the wait itself is under test.
     policy = FAST_POLICY.model_copy(
-        update={"dns_recheck_initial_seconds": 3600, "dns_recheck_max_seconds": 86400}
+        update={
+            "dns_recheck_initial_seconds": 3600,
+            "dns_recheck_max_seconds": 86400,
+            "pending_timeout_days": 0,
+        }
     )
     fakes = Fakes(workflow_env, policy=policy)
 

@@ -1,0 +1,117 @@
+"""The issued certificate and the key bound to its order before finalize
+(SPEC §5): stored encrypted, paired with a valid order after a crash."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from certflow.crypto import CertificateInfo
+from certflow.models import (
+    RenewalAdvice,
+)
+
+
+async def store_pending_key(
+    pool: asyncpg.Pool, certificate_id: str, order_url: str, encrypted_key: bytes
+) -> bool:
+    """Bind a new encrypted key to the open order, unless one is bound already."""
+    result = await pool.fetchval(
+        """
+        UPDATE certificates SET pending_private_key = $3, pending_key_order_url = $2,
+            updated_at = now()
+        WHERE id = $1::uuid AND http_order_url = $2
+          AND (pending_key_order_url IS DISTINCT FROM $2 OR pending_private_key IS NULL)
+        RETURNING true
+        """,
+        certificate_id,
+        order_url,
+        encrypted_key,
+    )
+    return bool(result)
+
+async def load_pending_key(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> bytes | None:
+    """The encrypted key bound to this order, if any."""
+    value = await pool.fetchval(
+        "SELECT pending_private_key FROM certificates"
+        " WHERE id = $1::uuid AND pending_key_order_url = $2",
+        certificate_id,
+        order_url,
+    )
+    return bytes(value) if value is not None else None
+
+async def store_issued(
+    pool: asyncpg.Pool,
+    certificate_id: str,
+    order_url: str,
+    leaf_pem: str,
+    chain_pem: str,
+    info: CertificateInfo,
+    window: RenewalAdvice | None = None,
+    next_check_at: datetime | None = None,
+) -> bool:
+    """Make the order's certificate current: ACTIVE, budget reset, ACME state cleared.
+
+    The key is the one already stored for the order; ``window`` is the CA's first
+    ARI answer for the new certificate and ``next_check_at`` when to ask again
+    (without them the renewal-info sweep asks at its next pass). Returns True also
+    when a previous attempt of the same store already committed.
+    """
+    window = window or RenewalAdvice()
+    async with pool.acquire() as conn:
+        stored = await conn.fetchval(
+            """
+            UPDATE certificates SET
+                status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
+                encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
+                replaces_failing_since = NULL, ssl_issued_at = now(),
+                ssl_issuer = order_issuer,
+                ari_window_start = $8, ari_window_end = $9,
+                ari_next_check_at = coalesce($10, now()),
+                ssl_serial = $5, ssl_not_before = $6, ssl_expires_at = $7, ssl_order_url = $2,
+                ssl_retry_count = 0, ssl_last_attempt_at = NULL,
+                provisioning_error = NULL, provisioning_error_message = NULL,
+                http_challenge_token = NULL, http_challenge_key_auth = NULL,
+                http_challenge_url = NULL, http_order_url = NULL, http_order_replaces = NULL,
+                pending_private_key = NULL, pending_key_order_url = NULL,
+                updated_at = now()
+            WHERE id = $1::uuid AND http_order_url = $2 AND pending_key_order_url = $2
+              AND status IN ('PROVISIONING', 'RENEWING', 'PENDING', 'EXPIRED')
+            RETURNING true
+            """,
+            certificate_id,
+            order_url,
+            leaf_pem,
+            chain_pem,
+            info.serial_hex,
+            info.not_before,
+            info.not_after,
+            window.window_start,
+            window.window_end,
+            next_check_at,
+        )
+        if stored:
+            return True
+        already = await conn.fetchval(
+            "SELECT ssl_serial = $2 AND status = 'ACTIVE' FROM certificates WHERE id = $1::uuid",
+            certificate_id,
+            info.serial_hex,
+        )
+        return bool(already)
+
+async def issued_by_order(
+    pool: asyncpg.Pool, certificate_id: str, order_url: str
+) -> tuple[str, RenewalAdvice] | None:
+    """The current leaf PEM and its stored ARI window when this order already issued
+    and stored it (a retried store)."""
+    row = await pool.fetchrow(
+        "SELECT ssl_certificate, ari_window_start, ari_window_end FROM certificates"
+        " WHERE id = $1::uuid AND ssl_order_url = $2 AND http_order_url IS NULL",
+        certificate_id,
+        order_url,
+    )
+    if row is None or row["ssl_certificate"] is None:
+        return None
+    window = RenewalAdvice(window_start=row["ari_window_start"], window_end=row["ari_window_end"])
+    return str(row["ssl_certificate"]), window
