@@ -7,8 +7,8 @@ Every command connects to Postgres first (``CertflowClient.connect``, and
 server; the Temporal cases need a Postgres that answers: the session's
 (``DATABASE_URL`` when set, else the embedded one tests/conftest.py starts).
 
-Checked: with cli.main's ``except ServiceUnreachableError`` removed, every case
-failed on a 30-line traceback and exit 1.
+Checked: with cli.main's ``except ServiceUnreachableError`` removed, both
+closed-port tests failed at their first command (a traceback, exit 1); restored.
 """
 
 from __future__ import annotations
