@@ -1,4 +1,4 @@
-"""docker-compose.yml is valid and wires what the README promises (no engine needed)."""
+"""docker-compose.yml is valid and wires what docs/operating.md promises (no engine needed)."""
 
 from __future__ import annotations
 
