@@ -86,7 +86,9 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         for position, issuer in enumerate(issuers.items)
     ]
     runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
-    metrics = CertflowMetrics(runtime.metric_meter) if runtime else CertflowMetrics()
+    metrics = (
+        CertflowMetrics(runtime.metric_meter, settings.expiring_soon_days) if runtime else CertflowMetrics()
+    )
     interceptors: list[Interceptor] = []
     if settings.otlp_endpoint:
         configure_tracing(settings.otlp_endpoint)

@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from activities.pass_metrics import counted_pass
 from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
@@ -85,6 +86,10 @@ class ReconcileActivities:
     @activity.defn(name="reconcile_certificates")
     async def reconcile_certificates(self, input: ReconcileInput | None = None) -> ReconcileResult:
         """Start a workflow for each row that should have one and has none."""
+        async with counted_pass("reconcile"):
+            return await self._reconcile(input)
+
+    async def _reconcile(self, input: ReconcileInput | None) -> ReconcileResult:
         result = _Pass()
         slots = asyncio.Semaphore(START_CONCURRENCY)
         if input is not None and input.full:

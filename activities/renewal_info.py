@@ -18,6 +18,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.pass_metrics import counted_pass
 from certflow.acme.ari import (
     ARI_DEFAULT_RECHECK,
     MAX_RECHECK,
@@ -58,6 +59,10 @@ class RenewalInfoSweep:
     async def sweep_renewal_info(self) -> RenewalInfoSweepResult:
         """Ask the CA that issued each certificate whose next check is due; store the
         answers; signal the workflows whose window moved."""
+        async with counted_pass("renewal_info_sweep"):
+            return await self._sweep()
+
+    async def _sweep(self) -> RenewalInfoSweepResult:
         if not any(c.account_url and c.account.directory_json.get("renewalInfo") for c in self._issuers):
             return RenewalInfoSweepResult()  # no CA has ARI: the lifetime rule holds
         asked = moved = 0

@@ -2,7 +2,9 @@
 
 Every command prints plain lines, or with ``--json`` one JSON document; exit 0
 on success, 1 when the request was refused or not met, 2 for bad input or
-settings (one line on stderr, before anything connects anywhere).
+settings (one line on stderr, before anything connects anywhere) and for a
+Postgres or Temporal it cannot reach (one line naming the address and the
+setting, within certflow.connections' bound).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pydantic import BaseModel
 from certflow.client import ActionRejectedError, CertflowClient
 from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
-from certflow.store.db import create_pool, migrate
-from certflow.errors import ConfigError
+from certflow.connections import open_postgres
+from certflow.store.db import migrate
+from certflow.errors import ConfigError, ServiceUnreachableError
 from certflow.hostnames import (
     InvalidHostnameError,
     InvalidTenantError,
@@ -247,7 +250,7 @@ async def rotate_keys_(args: argparse.Namespace) -> int:
     """Re-encrypt stored keys under CERTFLOW_ENCRYPTION_KEY (old ones in _KEYS_OLD)."""
     settings = load_settings(KeySettings)
     key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
-    pool = await create_pool(settings.database_url, max_size=2)
+    pool = await open_postgres(settings.database_url, max_size=2)
     try:
         report = await rotate_keys(pool, key)
     except DecryptionError as err:
@@ -263,7 +266,7 @@ async def rotate_keys_(args: argparse.Namespace) -> int:
 
 
 async def migrate_(args: argparse.Namespace) -> int:
-    pool = await create_pool(load_settings(ClientSettings).database_url, max_size=1)
+    pool = await open_postgres(load_settings(ClientSettings).database_url, max_size=1)
     try:
         applied = await migrate(pool)
     finally:
@@ -367,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, InvalidHostnameError, InvalidTenantError) as err:
         prefix = "configuration error: " if isinstance(err, ConfigError) else ""
         print(f"certflow: {prefix}{err}", file=sys.stderr)
+        return 2
+    except ServiceUnreachableError as err:
+        print(f"certflow: {err}", file=sys.stderr)
         return 2
     except ActionRejectedError as err:
         print(f"certflow: {err}", file=sys.stderr)

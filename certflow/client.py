@@ -22,7 +22,6 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
 from certflow.store import cooldowns
@@ -35,7 +34,7 @@ from certflow.contract import (
     reconcile_schedule_id,
     workflow_id_for,
 )
-from certflow.store.db import create_pool
+from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
 from certflow.hostnames import (
     InvalidHostnameError,
     is_wildcard,
@@ -126,13 +125,19 @@ class CertflowClient:
         self.ownership_secret = ownership_secret
 
     @classmethod
-    async def connect(cls, settings: ClientSettings) -> CertflowClient:
-        pool = await create_pool(settings.database_url, max_size=4)
-        temporal = await Client.connect(
-            settings.temporal_address,
-            namespace=settings.temporal_namespace,
-            data_converter=pydantic_data_converter,
-        )
+    async def connect(
+        cls, settings: ClientSettings, *, timeout: float = CONNECT_TIMEOUT_SECONDS
+    ) -> CertflowClient:
+        """Postgres first, then Temporal; either unreachable is ServiceUnreachableError
+        (naming the address and the setting) within ``timeout`` each."""
+        pool = await open_postgres(settings.database_url, max_size=4, timeout=timeout)
+        try:
+            temporal = await open_temporal(
+                settings.temporal_address, settings.temporal_namespace, timeout=timeout
+            )
+        except BaseException:
+            await pool.close()
+            raise
         return cls(pool, temporal, settings.task_queue, settings.ownership_secret_bytes)
 
     async def close(self) -> None:

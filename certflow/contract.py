@@ -1,5 +1,5 @@
 """Names a product backend in any language relies on: workflow types, ids, and
-the schedule (README: "The contract for backends in other languages").
+the schedule (docs/contract.md: "The contract for backends in other languages").
 
 The ``status`` query, the ``retry``/``renew``/``cancel``/``delete`` signals and
 updates are named on the workflow itself (workflows/certificate.py).

@@ -99,6 +99,22 @@ class ConfigError(CertflowError):
     """A setting is missing or malformed; the message names the variable."""
 
 
+class ServiceUnreachableError(CertflowError):
+    """Postgres or Temporal did not answer (refused, a name that does not resolve,
+    TLS, no answer in time) or refused the connection: the message names the
+    service, its address (never a password) and the setting to check."""
+
+    def __init__(
+        self, service: str, address: str, setting: str, reason: str, *, reached: bool = False
+    ) -> None:
+        self.service = service
+        self.address = address
+        self.setting = setting
+        self.reason = reason
+        verb = "cannot connect to" if reached else "cannot reach"
+        super().__init__(f"{verb} {service} at {address} ({setting}): {reason}")
+
+
 class CaUnreachableError(ConfigError):
     """A CA did not answer at start-up (after retries): for a fallback issuer the
     worker starts without its account and registers it on first use."""

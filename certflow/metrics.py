@@ -3,8 +3,9 @@
 
 The names and labels are the original system's (SPEC §8) so existing
 dashboards keep working: steps by phase and result, step durations, ACME errors
-by problem type, the cooldown gauges; plus certificates by status and the
-soonest expiry.
+by problem type, the cooldown gauges; plus certificates by status, the soonest
+expiry, the certificates expiring within EXPIRING_SOON_DAYS and the cooldowns by
+scope, which the alert rules (deploy/prometheus/certflow-rules.yml) read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import asyncpg
 from temporalio.common import MetricMeter
@@ -45,7 +46,10 @@ def problem_label(problem_type: str) -> str:
 class CertflowMetrics:
     """The certmanager_* instruments; with the no-op meter it records nothing."""
 
-    def __init__(self, meter: MetricMeter = MetricMeter.noop) -> None:
+    def __init__(
+        self, meter: MetricMeter = MetricMeter.noop, expiring_soon_days: float = 7.0
+    ) -> None:
+        self._expiring_within = timedelta(days=expiring_soon_days)
         self._steps = meter.create_counter(
             "certmanager_certificate_provision_steps_total", "Provisioning steps by phase and result"
         )
@@ -70,6 +74,15 @@ class CertflowMetrics:
         self._soonest_expiry = meter.create_gauge_float(
             "certflow_certificate_soonest_expiry_timestamp_seconds",
             "The earliest not_after among served certificates (Unix time)",
+        )
+        self._expiring_soon = meter.create_gauge_float(
+            "certflow_certificates_expiring_soon",
+            "Certificates in use whose not_after is within EXPIRING_SOON_DAYS, by status:"
+            " ACTIVE has no renewal in progress, RENEWING has one that has not landed",
+        )
+        self._cooldowns = meter.create_gauge_float(
+            "certflow_acme_cooldowns",
+            "Rate-limit cooldowns in force, by scope (account, registered_domain, hostname)",
         )
         self._http01_self_checks = meter.create_counter(
             "certflow_http01_self_check_total",
@@ -129,11 +142,15 @@ class CertflowMetrics:
                     self._counts[change.from_status] = self._counts.get(change.from_status, 0) - 1
                 if change.to_status in STATUSES:
                     self._counts[change.to_status] = self._counts.get(change.to_status, 0) + 1
-        horizon = await served.horizon(pool)
+        horizon = await served.horizon(pool, self._expiring_within)
         for status in STATUSES:
             self._by_status.with_additional_attributes({"status": status}).set(
                 float(max(0, self._counts.get(status, 0)))
             )
+        for status, count in horizon.expiring_soon.items():
+            self._expiring_soon.with_additional_attributes({"status": status}).set(float(count))
+        for scope, count in horizon.cooldowns_by_scope.items():
+            self._cooldowns.with_additional_attributes({"scope": scope}).set(float(count))
         if horizon.soonest_expiry is not None:
             self._soonest_expiry.set(horizon.soonest_expiry.timestamp())
         self.cooldown(horizon.cooldown_until)

@@ -3,7 +3,8 @@
 Starts embedded Postgres (or uses ``CERTFLOW_DATABASE_URL``), a Temporal dev
 server with its Web UI, Pebble and pebble-challtestsrv on free ports, and a
 worker; points the demo hostnames' CNAMEs at the edge; requests them; prints
-the result. Ctrl-C stops everything it started.
+the result and, while it keeps running, the ``export`` line that points the CLI
+at it. Ctrl-C stops everything it started.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import base64
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -36,6 +38,22 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+CLIENT_VARIABLES = ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")
+"""What ClientSettings reads that the demo does not leave at its default."""
+EXAMPLE_COMMAND = ".venv/bin/python starter.py list"
+
+
+def client_exports(env: dict[str, str]) -> str:
+    """The lines a newcomer pastes into another shell to point the CLI (and
+    CertflowClient) at the running demo: its frontend port is a free one."""
+    exports = " ".join(f"{name}={shlex.quote(env[name])}" for name in CLIENT_VARIABLES)
+    return (
+        "\nTo use the CLI against this demo, paste in another shell (from this directory):\n"
+        f"export {exports}\n"
+        f"{EXAMPLE_COMMAND}"
+    )
 
 
 def run_demo(*, keep_running: bool = True) -> int:
@@ -88,9 +106,11 @@ def run_demo(*, keep_running: bool = True) -> int:
         print(f"\nTemporal UI: {temporal.ui_url}  (workflows certificate:<hostname>)")
         print(f"Postgres:    {database_url}")
         if keep_running:
-            print("Running; press Ctrl-C to stop everything.", flush=True)
+            # Blocked before saying so: a signal sent as soon as the line is read waits.
             stop_signals = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+            print(client_exports(env), flush=True)
+            print("Running; press Ctrl-C to stop everything.", flush=True)
             signal.sigwait(stop_signals)
             print("stopping…", flush=True)
         return 0 if all_active else 1

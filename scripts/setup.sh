@@ -10,9 +10,11 @@ cd "$(dirname "$0")/.."
 # Unbound (a real authoritative DNS server and the recursive resolver Let's
 # Encrypt uses, for devstack/realdns.py; python3-unbound for its policy
 # module), kdig for poking at them by hand,
-# and docker-compose (only to validate docker-compose.yml; no engine is used).
-# The tests run knotd and unbound as their own processes; the packages' system
-# services are kept from starting (policy-rc.d below).
+# docker-compose (only to validate docker-compose.yml; no engine is used), and
+# Prometheus (promtool checks and unit-tests the alert rules in deploy/prometheus/;
+# one test runs the server against a real worker).
+# The tests run knotd, unbound and prometheus as their own processes; the packages'
+# system services are kept from starting (policy-rc.d below).
 missing=()
 command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
 command -v knotd >/dev/null 2>&1 && command -v knotc >/dev/null 2>&1 || missing+=(knot)
@@ -21,6 +23,7 @@ command -v kdig >/dev/null 2>&1 || missing+=(knot-dnsutils)
 # Unbound's Python module, for tests where the resolver fails one record type.
 [ -f /usr/lib/python3/dist-packages/unboundmodule.py ] || missing+=(python3-unbound)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "certflow setup: installing Debian packages: ${missing[*]}" >&2

@@ -1,5 +1,5 @@
 """Expected values the tests compare the product with, computed here from the rules
-as the README states them — never by calling the product's own functions, so a
+as docs/lifecycle.md states them — never by calling the product's own functions, so a
 wrong product function cannot agree with itself.
 """
 
@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 
 def certificate_fraction(hostname: str, not_before: datetime) -> float:
-    """README "The lifecycle": the point in [0, 1) fixed per certificate by its
+    """docs/lifecycle.md "The lifecycle": the point in [0, 1) fixed per certificate by its
     hostname and notBefore — the first 8 bytes of SHA-256 of ``host|notBefore``."""
     digest = hashlib.sha256(f"{hostname}|{not_before.isoformat()}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64

@@ -1,6 +1,6 @@
 """The one detector of leaked private keys used by every test that promises "no key
 material": not in Postgres, not in any Temporal payload or history (decoded), not
-in logs (README, "Guarantees").
+in logs (docs/guarantees.md).
 
 Test tooling, not shipped. Three places, one vocabulary:
 

@@ -23,8 +23,11 @@ async def _keep_session(_: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
-    """A pool whose connections are checked before use, so a restarted Postgres is survived."""
+async def create_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 60.0
+) -> asyncpg.Pool:
+    """A pool whose connections are checked before use, so a restarted Postgres is
+    survived; ``timeout`` bounds each connection attempt (asyncpg's default: 60 s)."""
     pool = await asyncpg.create_pool(
         url,
         min_size=min_size,
@@ -32,6 +35,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asy
         command_timeout=30,
         max_inactive_connection_lifetime=300,
         reset=_keep_session,
+        timeout=timeout,
     )
     assert pool is not None
     return pool

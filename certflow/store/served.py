@@ -4,8 +4,8 @@ and the figures the metrics refresh reads: every read keyset-paged or indexed.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import asyncpg
 
@@ -76,23 +76,53 @@ async def count_by_status(conn: asyncpg.Connection | asyncpg.Pool) -> dict[str, 
     return {r["status"]: int(r["n"]) for r in rows}
 
 
+COOLDOWN_SCOPES = ("account", "registered_domain", "hostname")
+
+
 @dataclass(frozen=True)
 class Horizon:
-    """The soonest expiry of a certificate in use, and the latest end of a cooldown."""
+    """The soonest expiry of a certificate in use, the latest end of a cooldown, the
+    certificates in use expiring soon by status, and the cooldowns in force by scope."""
 
     soonest_expiry: datetime | None
     cooldown_until: datetime | None
+    expiring_soon: dict[str, int] = field(default_factory=dict)
+    """ACTIVE (no renewal in progress) and RENEWING certificates whose not_after is
+    within the window asked for."""
+    cooldowns_by_scope: dict[str, int] = field(default_factory=dict)
 
 
-async def horizon(pool: asyncpg.Pool) -> Horizon:
-    """Two indexed reads (min of ``ssl_expires_at``, max of a cooldown's end)."""
+async def horizon(pool: asyncpg.Pool, expiring_within: timedelta = timedelta(days=7)) -> Horizon:
+    """One statement of indexed reads: min of ``ssl_expires_at`` and the rows expiring
+    within ``expiring_within`` (both on ``certificates_soonest_expiry``), and the
+    cooldowns (a small table; ``acme_cooldowns_until``)."""
     row = await pool.fetchrow(
         """
+        WITH soon AS (
+            SELECT count(*) FILTER (WHERE status = 'ACTIVE') AS active,
+                   count(*) FILTER (WHERE status = 'RENEWING') AS renewing
+            FROM certificates
+            WHERE status IN ('ACTIVE', 'RENEWING') AND ssl_expires_at < now() + $1::interval
+        ), cooling AS (
+            SELECT count(*) FILTER (WHERE scope = 'account') AS account,
+                   count(*) FILTER (WHERE scope = 'registered_domain') AS registered_domain,
+                   count(*) FILTER (WHERE scope = 'hostname') AS hostname
+            FROM acme_cooldowns WHERE until > now()
+        )
         SELECT
             (SELECT min(ssl_expires_at) FROM certificates
                WHERE status IN ('ACTIVE', 'RENEWING')) AS soonest,
-            (SELECT max(until) FROM acme_cooldowns) AS cooldown_until
-        """
+            (SELECT max(until) FROM acme_cooldowns) AS cooldown_until,
+            soon.active, soon.renewing,
+            cooling.account, cooling.registered_domain, cooling.hostname
+        FROM soon, cooling
+        """,
+        expiring_within,
     )
     assert row is not None
-    return Horizon(row["soonest"], row["cooldown_until"])
+    return Horizon(
+        row["soonest"],
+        row["cooldown_until"],
+        {"ACTIVE": int(row["active"]), "RENEWING": int(row["renewing"])},
+        {scope: int(row[scope]) for scope in COOLDOWN_SCOPES},
+    )

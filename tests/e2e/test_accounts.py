@@ -1,5 +1,5 @@
 """One ACME account per directory URL: generated once, stored encrypted, shared by
-every worker, and registered again when the CA forgot it (README, Guarantees).
+every worker, and registered again when the CA forgot it (docs/guarantees.md).
 
 Checked: with the per-directory advisory lock taken out of ``ensure_account``,
 workers starting together each generated a key; the first test then saw more

@@ -112,14 +112,6 @@ async def test_wrong_encryption_key_stops_the_worker_and_changes_nothing(
     assert after == before
 
 
-def test_demo_issues_three_certificates() -> None:
-    """The README's first command, minus the set-up and the waiting for Ctrl-C."""
-    result = _run(["starter.py", "demo", "--exit"], {}, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ACTIVE") == 3
-    assert "Temporal UI: http://127.0.0.1:" in result.stdout
-
-
 async def test_a_profile_the_ca_does_not_offer_stops_the_worker(
     deployment: Deployment, new_database: Callable[[str], str]
 ) -> None:

@@ -120,7 +120,7 @@ async def test_caa_naming_another_ca_is_dns_caa(
 async def test_no_key_material_in_workflows_tables_or_logs(
     deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
 ) -> None:
-    """README "Guarantees": no plaintext private key in Postgres, in any Temporal
+    """docs/guarantees.md: no plaintext private key in Postgres, in any Temporal
     payload or history (decoded), or in the worker's log. tests/leaks.py searches
     every run of every workflow in the namespace (children and continue-as-new runs
     followed), the reconcile schedule, every table and the whole worker log, for

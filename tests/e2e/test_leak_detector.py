@@ -624,7 +624,7 @@ async def test_a_key_in_a_continue_as_new_input_is_found(lab: Lab, material: Mat
 
 async def test_a_key_in_a_search_attribute_is_found(lab: Lab, material: Material) -> None:
     """Search attributes are never encoded by a codec: a key there is plain text in
-    the visibility store (README: never put secrets in search attributes)."""
+    the visibility store (Temporal's docs: never put secrets in search attributes)."""
     scalar = material.ec_key.private_numbers().private_value.to_bytes(32, "big")
     planted = await _search_attribute(lab, scalar.hex())
     findings = await _detect(lab, planted, material)

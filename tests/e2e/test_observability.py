@@ -115,10 +115,18 @@ async def test_metrics_after_issuance_have_the_original_names(
         series = _scrape(env)
         shown = _value(series, "certflow_certificates", status="ACTIVE")
         stamp = _value(series, "certflow_certificate_soonest_expiry_timestamp_seconds")
-        if active >= 1 and shown == active and abs(stamp - soonest.timestamp()) < 1:
+        # Fresh certificates: none within EXPIRING_SOON_DAYS, but the series is there.
+        expiring = [k for k in series if k.startswith("certflow_certificates_expiring_soon{")]
+        if (
+            active >= 1
+            and shown == active
+            and abs(stamp - soonest.timestamp()) < 1
+            and len(expiring) == 2
+            and _value(series, "certflow_certificates_expiring_soon") == 0
+        ):
             break
         assert time.monotonic() < deadline, (
-            f"gauges show {shown} ACTIVE, soonest {stamp}; the database {active}, {soonest}"
+            f"gauges show {shown} ACTIVE, soonest {stamp}, expiring {expiring}; the database {active}, {soonest}"
         )
         await asyncio.sleep(0.1)
 
@@ -150,18 +158,26 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
         db, directory, LimitScope.ACCOUNT, "", "NewOrdersPerAccount", 600,
         "urn:ietf:params:acme:error:rateLimited", "test",
     )
+    def shown() -> tuple[float, float]:
+        series = _scrape(env)
+        return (
+            _value(series, "certmanager_certificate_acme_cooldown"),
+            # What the account-wide cooldown alert reads (deploy/prometheus/).
+            _value(series, "certflow_acme_cooldowns", scope="account"),
+        )
+
     try:
         deadline = time.monotonic() + 60
-        while _value(_scrape(env), "certmanager_certificate_acme_cooldown") != 1:
-            assert time.monotonic() < deadline, "cooldown gauge never went to 1"
+        while shown() != (1, 1):
+            assert time.monotonic() < deadline, f"cooldown gauges never went to 1: {shown()}"
             await asyncio.sleep(0.2)
         stamp = _value(_scrape(env), "certmanager_certificate_acme_cooldown_until_timestamp_seconds")
         assert abs(stamp - until.timestamp()) < 1
     finally:
         await cooldowns.clear_cooldowns(db)
     deadline = time.monotonic() + 60
-    while _value(_scrape(env), "certmanager_certificate_acme_cooldown") != 0:
-        assert time.monotonic() < deadline, "cooldown gauge never went back to 0"
+    while shown() != (0, 0):
+        assert time.monotonic() < deadline, f"cooldown gauges never went back to 0: {shown()}"
         await asyncio.sleep(0.2)
 
 

@@ -220,7 +220,7 @@ async def test_the_worker_exports_activity_and_step_spans_over_otlp(
 async def test_the_worker_exports_the_workflow_span_of_an_issuance(
     observed_stack: ObservedStack, otlp_issued: str
 ) -> None:
-    """README: "the Temporal tracing interceptor's workflow and activity spans". The
+    """docs/operating.md: "the Temporal tracing interceptor's workflow and activity spans". The
     issuance's ``RunWorkflow:Certificate`` span arrives, and each activity's run span
     is the child of the ``StartActivity`` span the workflow side made for it.
 

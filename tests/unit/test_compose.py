@@ -1,7 +1,8 @@
-"""docker-compose.yml is valid and wires what the README promises (no engine needed)."""
+"""docker-compose.yml is valid and wires what docs/operating.md promises (no engine needed)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -74,3 +75,22 @@ def test_temporal_dispatches_activities_eagerly() -> None:
     assert "DYNAMIC_CONFIG_FILE_PATH: config/dynamicconfig/certflow.yaml" in config
     text = (ROOT / "temporal-dynamicconfig.yaml").read_text()
     assert "system.enableActivityEagerExecution:\n  - value: true" in text
+
+
+def test_observability_profile_runs_prometheus_with_the_rules() -> None:
+    """`--profile observability` adds Prometheus (no other profile starts it), with
+    the rules and a scrape config that reaches the worker's metrics port as the
+    job the rules read."""
+    config = _config("observability")
+    found = re.search(r"\n  prometheus:\n((?:    .*\n)+)", config)
+    assert found, config
+    service = found.group(1)
+    assert "profiles:\n    - observability" in service
+    prometheus_dir = ROOT / "deploy" / "prometheus"
+    for name in ("prometheus.yml", "certflow-rules.yml"):
+        assert f"{prometheus_dir / name}:/etc/prometheus/{name}:ro" in service, name
+    assert "--config.file=/etc/prometheus/prometheus.yml" in service
+    scrape = (prometheus_dir / "prometheus.yml").read_text()
+    assert "job_name: certflow-worker" in scrape and "- certflow-rules.yml" in scrape
+    assert 'targets: ["worker:9464"]' in scrape
+    assert "CERTFLOW_METRICS_LISTEN: 0.0.0.0:9464" in config

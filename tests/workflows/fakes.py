@@ -226,7 +226,7 @@ def renewal_at(
     not_before: datetime, not_after: datetime, window: tuple[datetime, datetime] | None = None
 ) -> datetime:
     """When the workflow renews the fakes' certificate (its spread is per certificate),
-    computed from the README's rule (tests/expected.py), not by the product."""
+    computed from docs/lifecycle.md's rule (tests/expected.py), not by the product."""
     return expected.renewal_time(HOSTNAME, not_before, not_after, window)
 
 

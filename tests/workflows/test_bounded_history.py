@@ -34,7 +34,7 @@ from .fakes import (
 )
 
 RUN_BOUND = 1000
-"""The stated bound (README): no run of a Certificate workflow above 1,000 events."""
+"""The stated bound (docs/lifecycle.md): no run of a Certificate workflow above 1,000 events."""
 
 
 async def _run_lengths(env: WorkflowEnvironment, run: Run) -> list[int]:
