@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EDGE = "edge.saas.test"
 EDGE_ADDRESSES = ("127.0.0.1", "127.0.0.8")  # the responder listens on every loopback address
 FOREIGN = "127.0.0.9"
+PENDING_TIMEOUT_S = 35.0
 
 
 @dataclass
@@ -89,6 +90,9 @@ def stack(
                 "CERTFLOW_EDGE_ADDRESSES": ",".join(EDGE_ADDRESSES),
                 "CERTFLOW_REQUIRE_OWNERSHIP": "true",
                 "CERTFLOW_OWNERSHIP_SECRET": base64.b64encode(secrets.token_bytes(32)).decode(),
+                # A hostname never made ready is given up on after ~35 s here (14 days
+                # in production); every other test here is ready long before.
+                "CERTFLOW_PENDING_TIMEOUT_DAYS": str(PENDING_TIMEOUT_S / 86400),
                 **SHORT_POLICY,
             },
         )
@@ -194,3 +198,20 @@ async def test_a_partly_moved_apex_is_refused_naming_the_foreign_address(
     assert "partly moved" in (report.error_message or "") and FOREIGN in (report.error_message or "")
     assert stack.proxy.new_orders_for(apex) == 0
     await client.cancel(apex)
+
+
+async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, client: CertflowClient) -> None:
+    """Requested, never proven nor routed: after PENDING_TIMEOUT_DAYS (35 s here) the
+    row is CANCELED with ABANDONED, an event says why, the workflow has ended, and
+    nothing was ever ordered."""
+    hostname = f"gone.o{uuid.uuid4().hex[:8]}.test"  # no DNS at all
+    await client.request([hostname], tenant_id="tenant-late")
+    report = await wait_for(
+        client, hostname, lambda r: r.status == "CANCELED", timeout=PENDING_TIMEOUT_S + 60
+    )
+    assert report.error_code == "ABANDONED" and "abandoned" in (report.error_message or "")
+    description = await client.handle(hostname).describe()
+    assert description.status is not None and description.status.name == "COMPLETED"
+    assert stack.proxy.new_orders_for(hostname) == 0
+    events = [e.error_code for e in await client.events(hostname)]
+    assert "ABANDONED" in [str(code) for code in events if code], events
