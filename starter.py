@@ -10,7 +10,7 @@
     python starter.py demo [--exit]
 
 Every command takes ``--json``. ``CertflowClient`` (certflow/client.py) is the
-same as a library; the commands are in certflow/cli.py (installed as the
+same as a library; the command line is certflow/cli.py (installed as the
 ``certflow`` command). ``demo`` runs from a checkout only: it is the dev harness's
 (devstack/demo.py), which no install carries.
 """
@@ -20,11 +20,6 @@ from __future__ import annotations
 import sys
 
 from certflow.cli import main
-from certflow.client import ActionRejectedError, CertflowClient
-from certflow.models import CertificateState
-
-__all__ = ["ActionRejectedError", "CertflowClient", "CertificateState", "main"]
-
 
 
 def demo(argv: list[str]) -> int:

@@ -91,6 +91,7 @@ class DnsActivities:
                     )
                 value = dns01.txt_value(order.key_authorization)
                 await dns01.publish(zone, input.hostname, value)
+                activity.heartbeat("published")
                 await self._until_visible(zone, input.hostname, value)
         except ProvisioningError as err:
             self._metrics.step("dns01_publish", "error", started)

@@ -44,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import (
         CA,
         DNS,
+        DNS01_PUBLISH,
         FINALIZE,
         POSTGRES,
         AttemptFailed,
@@ -158,7 +159,7 @@ class Obtaining(CertificateBase):
             if publish:
                 self._enter(Phase.PUBLISHING_DNS01)
                 await run(
-                    DNS,
+                    DNS01_PUBLISH,
                     DnsActivities.publish_dns01,
                     Dns01ChallengeInput(certificate_id=record.certificate_id, hostname=record.hostname),
                 )

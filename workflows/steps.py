@@ -53,6 +53,10 @@ SHORT_FAULT_RETRY = RetryPolicy(
     non_retryable_error_types=[str(c) for c in ErrorCode if c is not ErrorCode.ACME_TEMPORARY],
 )
 DNS = Step(timedelta(seconds=60), SHORT_FAULT_RETRY)
+# Publishing the dns-01 TXT waits for every authoritative server, heartbeating:
+# a worker killed in that wait is noticed in 25 s (one update or one round of
+# queries, each bounded by 10 s, fits between two heartbeats), not 60.
+DNS01_PUBLISH = Step(timedelta(seconds=60), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=25))
 # Single CA exchanges: short, so a worker killed mid-call is noticed quickly.
 CA = Step(timedelta(seconds=20), SHORT_FAULT_RETRY)
 FINALIZE = Step(timedelta(seconds=90), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10))

@@ -243,11 +243,12 @@ async def missing_on(
                 continue
         servers += found or [name]
     fqdn = dns.name.from_text(zone.target(hostname))
-    missing = []
-    for server in dict.fromkeys(servers):
-        if not await _answers(server, zone.authoritative_port, fqdn, value, zone.timeout):
-            missing.append(server)
-    return missing
+    # Asked together: a server that does not answer costs one timeout, not one each.
+    unique = list(dict.fromkeys(servers))
+    answered = await asyncio.gather(
+        *(_answers(server, zone.authoritative_port, fqdn, value, zone.timeout) for server in unique)
+    )
+    return [server for server, ok in zip(unique, answered) if not ok]
 
 
 async def _answers(server: str, port: int, name: dns.name.Name, value: str, timeout: float) -> bool:

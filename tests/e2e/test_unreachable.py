@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from certflow.cli import COMMANDS
+from certflow.commands import COMMANDS
 from certflow.client import CertflowClient
 from certflow.connections import redact_url
 from certflow.errors import CertflowError, ServiceUnreachableError
