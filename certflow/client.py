@@ -188,14 +188,19 @@ class CertflowClient:
     def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id_for(hostname))
 
-    async def status(self, hostname: str) -> CertificateState | None:
+    async def status(self, hostname: str, *, methods: bool = False) -> CertificateState | None:
         """The row, with the running workflow's phase and next attempt; None when
-        there is no row for the hostname."""
+        there is no row for the hostname. With ``methods``, a PENDING certificate also
+        gets each validation method's readiness and the record to add (a ``check``
+        run now): what a product shows next to its "verify" button."""
         hostname = normalize_hostname(hostname)
         row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             return None
         update: dict[str, Any] = {"workflow_id": workflow_id_for(hostname)}
+        if methods and row.status is CertificateStatus.PENDING:
+            [report] = await self.check([hostname], tenant_id=row.tenant_id)
+            update["methods"] = report.methods
         if row.status is not CertificateStatus.ACTIVE:
             holding = await self.cooldowns_for(hostname)
             if holding:

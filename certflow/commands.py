@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,7 +24,14 @@ from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError
-from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase, RequestedMethod
+from certflow.models import (
+    CertificateState,
+    CertificateStatus,
+    LimitScope,
+    MethodReadiness,
+    Phase,
+    RequestedMethod,
+)
 from certflow.settings import ClientSettings, KeySettings, load_settings
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys
@@ -103,11 +110,15 @@ async def check(args: argparse.Namespace) -> int:
         print(f"{report.hostname}: {'ok' if report.ok else 'NOT READY'}")
         for c in report.checks:
             print(f"  {c.name:<7} {'ok  ' if c.ok else 'FAIL'} {c.message}")
-        for m in report.methods:
-            print(f"  method {m.method:<15} {'ready' if m.ready else 'not ready'}: {m.detail}")
-            if m.record is not None and not m.ready:
-                print(f"    add: {m.record.name} {m.record.type} {m.record.value}")
+        _print_methods(report.methods)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _print_methods(methods: Sequence[MethodReadiness]) -> None:
+    for m in methods:
+        print(f"  method {m.method:<15} {'ready' if m.ready else 'not ready'}: {m.detail}")
+        if m.record is not None and not m.ready:
+            print(f"    add: {m.record.name} {m.record.type} {m.record.value}")
 
 
 async def transfer(args: argparse.Namespace) -> int:
@@ -126,7 +137,7 @@ def _dump(value: Any) -> Any:
 
 async def status(args: argparse.Namespace) -> int:
     async with _client() as client:
-        report = await client.status(args.hostname)
+        report = await client.status(args.hostname, methods=True)
     if report is None:
         print(f"certflow: no certificate for {args.hostname}", file=sys.stderr)
         return 1
@@ -139,6 +150,7 @@ async def status(args: argparse.Namespace) -> int:
         if report.issuer or report.order_issuer:
             attempt = report.order_issuer if report.order_issuer != report.issuer else None
             print(f"issuer: {report.issuer or '-'}" + (f" (attempt at {attempt})" if attempt else ""))
+        _print_methods(report.methods or [])
     return 0
 
 

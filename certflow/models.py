@@ -560,11 +560,15 @@ class CertificateState(Frozen):
     order_issuer: str | None = None
     """The CA of the attempt under way (differs from ``issuer`` after a fallback)."""
     cooldowns: list[Cooldown] = []
+    """The rate-limit cooldowns that hold it back (its own, its registered
+    domain's, the account's), longest first."""
     ownership: DnsRecord | None = None
     """The record that proves the row's tenant owns the hostname (shown by the client
     when OWNERSHIP_SECRET is set)."""
-    """The rate-limit cooldowns that hold it back (its own, its registered
-    domain's, the account's), longest first."""
+    methods: list[MethodReadiness] | None = None
+    """For a PENDING certificate, asked with ``status(host, methods=True)``: each
+    validation method, ready or not, and the record to add for it (a check run on a
+    worker at that moment, as ``check`` runs it)."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (times ISO 8601), as ``status --json`` prints it."""

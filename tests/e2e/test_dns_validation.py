@@ -369,17 +369,9 @@ def test_check_lists_each_method_and_the_record_to_add(stack: DnsValidationStack
     """``check HOST --json``: every method with ready or not and the exact record,
     copyable, for a hostname not routed and not delegated yet."""
     hostname = stack.customer("verify")
-    env = {k: v for k, v in stack.env.items() if k in ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")}
-    result = subprocess.run(
-        [sys.executable, "starter.py", "check", hostname, "--json"],
-        cwd=ROOT,
-        env=env | {"PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 1, result  # nothing is ready yet
-    [report] = json.loads(result.stdout)
+    code, reports = _cli_json(stack, "check", hostname)
+    assert code == 1 and isinstance(reports, list), reports  # nothing is ready yet
+    [report] = reports
     methods = {m["method"]: m for m in report["methods"]}
     assert set(methods) == {"http-01", "dns-01"}, methods  # no CA here offers dns-persist-01
     assert methods["dns-01"]["ready"] is False
@@ -389,3 +381,47 @@ def test_check_lists_each_method_and_the_record_to_add(stack: DnsValidationStack
         "value": f"{delegation_label(hostname)}.{stack.zone.zone}",
     }
     assert methods["http-01"]["record"] == {"name": hostname, "type": "CNAME", "value": EDGE}
+
+
+def _cli_json(stack: DnsValidationStack, *argv: str) -> tuple[int, object]:
+    env = {k: v for k, v in stack.env.items() if k in ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")}
+    result = subprocess.run(
+        [sys.executable, "starter.py", *argv, "--json"],
+        cwd=ROOT,
+        env=env | {"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result.returncode, json.loads(result.stdout)
+
+
+async def test_status_of_a_pending_hostname_says_what_to_add(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """``status HOST --json`` of a PENDING hostname (requested before any record is in
+    place) lists each method with the exact record to add; once the delegation is
+    added it is ACTIVE over dns-01 and lists none.
+
+    Shown red: with ``methods=True`` dropped from ``status`` in certflow/commands.py,
+    ``methods`` was null and the first assertion failed."""
+    hostname = stack.customer("pending")
+    await client.request([hostname])
+    await wait_for(client, hostname, lambda r: r.error_code is not None, timeout=60, what="a pre-check verdict")
+    code, report = await asyncio.to_thread(_cli_json, stack, "status", hostname)
+    assert code == 0 and isinstance(report, dict), report
+    assert report["status"] == "PENDING", report
+    methods = {m["method"]: m for m in report["methods"] or []}
+    assert set(methods) == {"http-01", "dns-01"}, report
+    assert not any(m["ready"] for m in methods.values()), methods
+    assert methods["dns-01"]["record"] == {
+        "name": f"_acme-challenge.{hostname}",
+        "type": "CNAME",
+        "value": f"{delegation_label(hostname)}.{stack.zone.zone}",
+    }
+    stack.delegate(hostname)
+    await client.retry(hostname)
+    await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=120)
+    code, report = await asyncio.to_thread(_cli_json, stack, "status", hostname)
+    assert code == 0 and isinstance(report, dict) and report["status"] == "ACTIVE", report
+    assert report["methods"] is None, report["methods"]
