@@ -14,14 +14,13 @@ from temporalio import activity
 from certflow.acme.orders import Issuers
 from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
-from certflow.models import (
-    ISSUABLE,
+from certflow.models import ISSUABLE, OrderKind
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CreateOrderInput,
     FinalizeInput,
     IssuedCertificate,
     OpenedOrder,
-    OrderKind,
     OrderProgress,
     PlaceOrderInput,
     RenewalAdvice,

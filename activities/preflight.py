@@ -26,13 +26,9 @@ from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.dns.ownership import check_ownership
 from certflow.hostnames import is_wildcard
-from certflow.models import (
-    ValidationMethod,
-    DomainCheck,
-    DomainCheckInput,
-    DomainCheckReport,
-    Http01CheckInput,
-)
+from certflow.models import ValidationMethod
+from certflow.workflow_payloads import DomainCheck, DomainCheckInput, DomainCheckReport
+from certflow.activity_payloads import Http01CheckInput
 from certflow.tracing import step_span
 
 class PreflightActivities:

@@ -45,17 +45,19 @@ from certflow.hostnames import (
 from certflow.dns.ownership import ownership_record
 from certflow.models import (
     DnsRecord,
-    TransferRequest,
     RequestedMethod,
     CertificateEvent,
-    CertificateInput,
-    CertificateState,
     CertificateStatus,
     Cooldown,
+    LimitScope,
+)
+from certflow.workflow_payloads import (
+    TransferRequest,
+    CertificateInput,
+    CertificateState,
     DeleteRequest,
     DomainCheckInput,
     DomainCheckReport,
-    LimitScope,
     ReconcileInput,
     ReconcileResult,
 )

@@ -24,7 +24,8 @@ from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError
-from certflow.models import CertificateState, CertificateStatus, LimitScope, Phase, RequestedMethod
+from certflow.models import CertificateStatus, LimitScope, Phase, RequestedMethod
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings, KeySettings, load_settings
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys

@@ -1,18 +1,22 @@
-"""Payloads exchanged between the workflow, activities and clients.
+"""The vocabulary every side shares: a certificate's statuses and its workflow's
+phases, ACME statuses, validation methods, rate-limit scopes and order kinds; and
+the rows as certflow reads them (a certificate, its events, a cooldown).
 
-Nothing here ever holds key material: private keys stay inside the activity
-that uses them and in Postgres, encrypted.
+What clients and workflows exchange is in ``workflow_payloads``; what the
+workflows and their activities exchange, in ``activity_payloads``. Nothing here
+ever holds key material: private keys stay inside the activity that uses them and
+in Postgres, encrypted.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from certflow.errors import ErrorCode
+
 
 class CertificateStatus(StrEnum):
     PENDING = "PENDING"
@@ -123,101 +127,6 @@ class Cooldown(Frozen):
     detail: str | None = None
 
 
-class CertificateInput(Frozen):
-    """Input of the Certificate workflow (the product backend's contract:
-    ``hostname`` and optional ``tenant_id``)."""
-
-    hostname: str
-    tenant_id: str | None = None
-    method: RequestedMethod | None = None
-    """How the CA is to be shown control (``auto``, ``http-01``, ``dns-01``,
-    ``dns-persist-01``); None keeps the row's (``auto`` for a new one)."""
-    carried: CertificateRecord | None = None
-    """Set by certflow itself on continue-as-new; never by a client."""
-    waits: CarriedWaits | None = None
-    """Set by certflow itself when a long wait continues as new; never by a client."""
-    policy: ProvisioningPolicy | None = None
-    """Set by certflow itself on the continue-as-new after an issuance: the new run
-    starts from ``carried`` and this policy without reading the row again."""
-
-
-class CaaDisagreement(Frozen):
-    """A CA refused on CAA although our check allowed: no new order goes to it for
-    this hostname until our reading of CAA changes (or ``retry``)."""
-
-    reading: str | None
-    """The deciding CAA set as we read it when the CA refused (None: not read in
-    that attempt; the next reading becomes the one to change from)."""
-    detail: str
-    """The CA's words."""
-
-
-class CarriedWaits(Frozen):
-    """What a run that continued as new in the middle of waiting hands to the next."""
-
-    dns_failures: int = 0
-    """Consecutive DNS / self-check failures: the recheck backoff goes on growing."""
-    pending_since: datetime | None = None
-    """Since when a never-issued hostname has had no validation method ready."""
-    departed_at: datetime | None = None
-    """When the certificate expired with the hostname no longer routed to us."""
-    warned_expiring: bool = False
-    """``expiring_soon`` was sent for this certificate."""
-    passed_over: dict[str, str] = {}
-    """Issuers this certificate fell back from, with why (cooldown, budget, down)."""
-    unreachable_since: datetime | None = None
-    """Since when the attempt's issuer has been unreachable, while it is."""
-    caa_disagreements: dict[str, CaaDisagreement] = {}
-    """Issuers whose own CAA check refused this hostname, by issuer name."""
-    accepted_challenge: str | None = None
-    """The challenge the CA answered an accept for: never POSTed again."""
-    retry_requested: bool = False
-    """A ``retry`` had come and not yet cut a wait short when the run handed over."""
-    renewed_at_once: bool = False
-    """The certificate waited on replaced one that renewed at once, for an ARI window
-    already open when it was an hour old or less: a second such window waits for the
-    renewal-info sweep's next answer instead (no renewal loop)."""
-
-
-class ProvisioningPolicy(Frozen):
-    """Timing knobs from the worker's settings, recorded in history by an activity."""
-
-    dns_recheck_initial_seconds: float = 60.0
-    dns_recheck_max_seconds: float = 3600.0
-    failure_backoff_initial_seconds: float = 900.0
-    failure_backoff_max_seconds: float = 4 * 3600.0
-    order_fast_poll_seconds: float = 8.0
-    failed_retry_seconds: float = 86400.0
-    """Slow automatic retry of a FAILED certificate; 0 turns it off."""
-    max_failures: int = 3
-    webhooks: bool = False
-    expiring_soon_days: float = 7.0
-    search_attributes: bool = False
-    """Whether the worker registered certflow's search attributes (see certflow.search)."""
-    http01_self_check: bool = True
-    """Fetch the challenge as the CA would before accepting it (SPEC §3.1)."""
-    issuers: list[str] = []
-    """The configured issuers' names, in order of preference (empty in histories
-    from before issuers: then every step goes to the one CA there was)."""
-    issuer_fallback_cooldown_seconds: float = 3600.0
-    issuer_fallback_unreachable_seconds: float = 3600.0
-    pending_timeout_days: float = 14.0
-    """A hostname PENDING this long with no validation method ready is CANCELED
-    (ABANDONED); 0: never."""
-    departed_retention_days: float = 30.0
-    """An EXPIRED hostname that no longer routes to us (DEPARTED) stops re-checking
-    this long after it expired; 0: never."""
-
-
-class GiveUpInput(Frozen):
-    """Stop trying for a hostname: CANCELED (ABANDONED) or EXPIRED (DEPARTED)."""
-
-    certificate_id: str
-    status: CertificateStatus
-    code: ErrorCode
-    message: str
-
-
 class CertificateRecord(Frozen):
     """A certificate row as the workflow sees it (no key material, no PEMs)."""
 
@@ -256,241 +165,6 @@ class CertificateRecord(Frozen):
         if self.ari_window_start is None or self.ari_window_end is None:
             return None
         return (self.ari_window_start, self.ari_window_end)
-
-
-class EnsureCertificateInput(Frozen):
-    hostname: str
-    tenant_id: str | None = None
-    method: RequestedMethod | None = None
-    """The validation method a backend's workflow input asked for (None: the row's)."""
-
-
-class EnsureCertificateResult(Frozen):
-    record: CertificateRecord
-    policy: ProvisioningPolicy
-
-
-class CheckDnsInput(Frozen):
-    hostname: str
-    method: RequestedMethod | None = None
-    """The method to check for (None: the one the row asks for)."""
-
-
-class DnsVerdict(Frozen):
-    """What check_dns found: the issuers CAA lets issue, in order of preference
-    (check_dns in histories from before issuers returned nothing), the deciding CAA
-    set as we read it (None in histories from before it was kept), and the
-    validation methods ready, in order of preference (empty in histories from before
-    methods: http-01)."""
-
-    allowed_issuers: list[str]
-    caa_reading: str | None = None
-    methods: list[ValidationMethod] = []
-    method_reason: str | None = None
-    """Why the first method (a line for the row and the events)."""
-
-
-class CreateOrderInput(Frozen):
-    hostname: str
-
-
-class PlaceOrderInput(Frozen):
-    certificate_id: str
-    hostname: str
-    kind: OrderKind = OrderKind.NEW
-    """How the CA counts this order against its limits: a renewal (an ARI renewal
-    inside its window) is exempt from some cooldowns, and names what it replaces."""
-    issuer: str | None = None
-    """The CA to order from (None: the first configured)."""
-    issuer_reason: str | None = None
-    """Why this issuer, when it is not the first choice (recorded as an event)."""
-    methods: list[ValidationMethod] = []
-    """The validation methods ready for this attempt, in order of preference: the
-    first the CA offers is answered (empty: http-01, as before methods)."""
-    method_reason: str | None = None
-    """Why the first of them (stored on the row with the order)."""
-
-
-class OpenedOrder(Frozen):
-    """A new ACME order and its challenge. The key authorization is public by design
-    (the CA fetches it over plain HTTP, or reads its digest in DNS). The
-    authorization URL is not stored: an order read back from the row has none."""
-
-    order_url: str
-    authorization_url: str | None = None
-    challenge_url: str
-    token: str
-    key_authorization: str
-    replaces: str | None = None
-    """The RFC 9773 certID of the certificate this order renews, when sent."""
-    method: ValidationMethod | None = None
-    """The challenge's type (None: http-01, as before methods)."""
-
-
-class Http01CheckInput(Frozen):
-    """The self-check of the challenge persisted for this certificate (before accept)."""
-
-    certificate_id: str
-    hostname: str
-
-
-class TransferRequest(Frozen):
-    """The ``transfer`` update: move the hostname to another tenant, once that tenant
-    has proven ownership (its ``_certflow`` TXT)."""
-
-    to_tenant: str
-
-
-class TransferInput(Frozen):
-    certificate_id: str
-    hostname: str
-    to_tenant: str
-
-
-class Transferred(Frozen):
-    """The row after a transfer, and the tenant it had."""
-
-    record: CertificateRecord
-    from_tenant: str | None
-
-
-class Dns01ChallengeInput(Frozen):
-    """The dns-01 challenge persisted for this certificate: its TXT to publish in our
-    zone (before accept), or to withdraw (after the order)."""
-
-    certificate_id: str
-    hostname: str
-
-
-class DomainCheckInput(Frozen):
-    hostname: str
-    tenant_id: str | None = None
-    """Also check that this tenant has proven ownership (None: no ownership check)."""
-
-
-class DomainCheck(Frozen):
-    """One pre-check of a domain: ``cname``, ``caa`` or ``http01``."""
-
-    name: str
-    ok: bool
-    message: str
-    """What was found: why it passes, or what to fix."""
-    code: ErrorCode | None = None
-
-
-class DomainCheckReport(Frozen):
-    """Every pre-check of one hostname (``starter.py check``), nothing ordered."""
-
-    hostname: str
-    checks: list[DomainCheck]
-    methods: list[MethodReadiness] = []
-    """Each validation method: ready or not, and the record to add for it."""
-
-    @property
-    def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-
-class PersistChallengeInput(Frozen):
-    certificate_id: str
-    order: OpenedOrder
-
-
-class AcceptChallengeInput(Frozen):
-    challenge_url: str
-    issuer: str | None = None
-
-
-class WaitForOrderInput(Frozen):
-    order_url: str
-    challenge_url: str | None
-    within_seconds: float
-    accept_first: bool = False
-    """Ask the CA to validate the challenge before polling (after place_order), unless
-    it was asked already."""
-    issuer: str | None = None
-    """The CA of the order (None: the first configured)."""
-    accept_unsure: bool = False
-    """An accept may have reached the CA before (a kept order): read the challenge
-    first and POST only while the CA shows it pending."""
-
-
-class OrderProgress(Frozen):
-    """Order status after waiting; ``retry_after_seconds`` is the CA's hint."""
-
-    status: AcmeStatus
-    retry_after_seconds: float | None = None
-
-
-class FinalizeInput(Frozen):
-    certificate_id: str
-    hostname: str
-    order_url: str
-    issuer: str | None = None
-    """The CA of the order (None: the first configured)."""
-
-
-class IssuedCertificate(Frozen):
-    serial_hex: str
-    not_before: datetime
-    not_after: datetime
-    ari_window_start: datetime | None = None
-    """The CA's first ARI window for it (asked right after the download), so the
-    next run sleeps to it without waiting for the renewal-info sweep's signal."""
-    ari_window_end: datetime | None = None
-    issued_at: datetime | None = None
-    """When it was stored (None in histories from before it was kept)."""
-
-
-class Outcome(Frozen):
-    """What a failed attempt does to the row (SPEC §4)."""
-
-    status: CertificateStatus
-    retry_count: int
-    keep_order: bool
-    error_code: ErrorCode
-
-
-class RecordFailureInput(Frozen):
-    certificate_id: str
-    outcome: Outcome
-    message: str
-
-
-class RenewalAdvice(Frozen):
-    """The CA's ARI suggested window (RFC 9773), when it offers one."""
-
-    window_start: datetime | None = None
-    window_end: datetime | None = None
-    recheck_after_seconds: float | None = None
-
-
-class RenewalWindow(Frozen):
-    """Argument of the ``renewal_window`` signal: the CA's window for the
-    certificate of this serial moved."""
-
-    start: datetime
-    end: datetime
-    serial: str
-
-
-class RenewalInfoSweepResult(Frozen):
-    """What one renewal-info sweep did."""
-
-    asked: int = 0
-    moved: int = 0
-
-
-class OpenOrder(Frozen):
-    """The order a cancel found open (its authorization is then deactivated)."""
-
-    order_url: str | None = None
-
-
-class DeleteRequest(Frozen):
-    """Argument of the ``delete`` signal and update."""
-
-    revoke: bool = False
 
 
 class Phase(StrEnum):
@@ -536,41 +210,6 @@ class Phase(StrEnum):
         return cls.ORDER_PROCESSING if status is AcmeStatus.PROCESSING else cls.ORDER_PENDING
 
 
-class CertificateState(Frozen):
-    """What the product sees of a certificate: the answer of the ``status`` query
-    and of updates (the workflow's view), and of ``CertflowClient.status`` and
-    ``list_certificates`` (the row, joined with the workflow's view when one runs)."""
-
-    hostname: str
-    status: CertificateStatus
-    phase: Phase | None = None
-    """None when no workflow runs (the row alone)."""
-    error_code: ErrorCode | None = None
-    error_message: str | None = None
-    retry_count: int = 0
-    next_attempt_at: datetime | None = None
-    expires_at: datetime | None = None
-    tenant_id: str | None = None
-    serial: str | None = None
-    workflow_id: str | None = None
-    cooldown_until: datetime | None = None
-    """When a CA rate limit holds the certificate back, until when."""
-    issuer: str | None = None
-    """The CA of the current certificate."""
-    order_issuer: str | None = None
-    """The CA of the attempt under way (differs from ``issuer`` after a fallback)."""
-    cooldowns: list[Cooldown] = []
-    ownership: DnsRecord | None = None
-    """The record that proves the row's tenant owns the hostname (shown by the client
-    when OWNERSHIP_SECRET is set)."""
-    """The rate-limit cooldowns that hold it back (its own, its registered
-    domain's, the account's), longest first."""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON (times ISO 8601), as ``status --json`` prints it."""
-        return self.model_dump(mode="json")
-
-
 class CertificateEvent(Frozen):
     """One transition of a certificate (``certificate_events``)."""
 
@@ -579,64 +218,3 @@ class CertificateEvent(Frozen):
     to_status: str
     error_code: str | None
     message: str | None
-
-
-CertificateInput.model_rebuild()
-
-
-class ReconcileInput(Frozen):
-    """A reconcile pass; ``full`` also lists every running workflow (the old, O(rows)
-    pass: for an operator after the schedule was held for long)."""
-
-    full: bool = False
-
-
-class PruneEventsResult(Frozen):
-    """What one retention pass over ``certificate_events`` did."""
-
-    deleted: int
-    examined: int
-
-
-class ReconcileResult(Frozen):
-    """What a reconcile pass did."""
-
-    checked: int
-    started: list[str]
-    """The hostnames started (the first ``LISTED`` of them: a cold pass over
-    100,000 rows would not fit in one Temporal payload)."""
-    refused: list[str] = []
-    """Rows whose hostname is not valid: CANCELED with INVALID_HOSTNAME, never
-    started (the first ``LISTED``)."""
-    started_count: int | None = None
-    """How many were started; None in results recorded before the lists were capped."""
-    refused_count: int | None = None
-
-    LISTED: ClassVar[int] = 100
-
-    @property
-    def total_started(self) -> int:
-        return len(self.started) if self.started_count is None else self.started_count
-
-    @property
-    def total_refused(self) -> int:
-        return len(self.refused) if self.refused_count is None else self.refused_count
-
-
-class WebhookEvent(Frozen):
-    """What the product receives for issued, renewed, failed, expiring_soon and canceled."""
-
-    event_id: str
-    event: str
-    hostname: str
-    tenant_id: str | None = None
-    status: CertificateStatus
-    error_code: ErrorCode | None = None
-    error_message: str | None = None
-    serial: str | None = None
-    expires_at: datetime | None = None
-    occurred_at: datetime
-    issuer: str | None = None
-    """The CA of the certificate (issued, renewed) or of the attempt (failed)."""
-    issuer_reason: str | None = None
-    """Why that CA rather than the first configured one (CAA, a fallback)."""

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from certflow.errors import ConfigError
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
-from certflow.models import ProvisioningPolicy
+from certflow.workflow_payloads import ProvisioningPolicy
 from certflow.dns.dns01 import Dns01Zone, TsigKey
 from certflow.dns.reserved import AddressPolicy
 from certflow.hostnames import InvalidHostnameError, normalize_hostname

@@ -60,19 +60,14 @@ from certflow.crypto import (
 )
 from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode
 from certflow.metrics import CertflowMetrics
-from certflow.models import (
-    Cooldown,
-    LimitScope,
-    OrderKind,
-    ISSUABLE,
-    AcmeStatus,
+from certflow.models import Cooldown, LimitScope, OrderKind, ISSUABLE, AcmeStatus, ValidationMethod
+from certflow.activity_payloads import (
     FinalizeInput,
     IssuedCertificate,
     OpenedOrder,
     OrderProgress,
     PlaceOrderInput,
     RenewalAdvice,
-    ValidationMethod,
     WaitForOrderInput,
 )
 from certflow.settings import KeyType

@@ -40,7 +40,8 @@ from certflow.dns.lookup import (
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode, ProvisioningError
 from certflow.hostnames import InvalidHostnameError, is_wildcard, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER
-from certflow.models import DnsRecord, DnsVerdict, MethodReadiness, RequestedMethod, ValidationMethod
+from certflow.models import DnsRecord, MethodReadiness, RequestedMethod, ValidationMethod
+from certflow.activity_payloads import DnsVerdict
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from certflow.crypto import (
     private_key_to_pem,
     public_key_matches,
 )
-from certflow.models import (
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CreateOrderInput,
     FinalizeInput,

@@ -29,7 +29,7 @@ from certflow.store import cooldowns
 from devstack import servers
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, Forwarded
 from certflow.client import ActionRejectedError, CertflowClient
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import (
     CNAME_TARGET,
     Stack,

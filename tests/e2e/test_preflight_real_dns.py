@@ -78,7 +78,8 @@ from devstack import realdns, servers
 from devstack.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns
 from certflow.errors import ErrorCode
-from certflow.models import CertificateState, CertificateStatus, Phase
+from certflow.models import CertificateStatus, Phase
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
 

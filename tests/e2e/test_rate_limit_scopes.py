@@ -37,7 +37,8 @@ from devstack.faultproxy import (
     SpendAt,
 )
 from certflow.hostnames import registered_domain
-from certflow.models import CertificateState, Cooldown, LimitScope, Phase
+from certflow.models import Cooldown, LimitScope, Phase
+from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import CNAME_TARGET, Stack, build_stack, connect_client, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -28,7 +28,7 @@ from certflow.metrics import CertflowMetrics
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
 from certflow.store import certificates
-from certflow.models import (
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CheckDnsInput,
     CreateOrderInput,

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from certflow.client import CertflowClient
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import (
     Stack,
     activity_history,
