@@ -49,7 +49,8 @@ from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.tracing import configure_tracing
 from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
-from certflow.settings import Settings, load_settings
+from certflow.settings import load_settings
+from certflow.worker_settings import Settings
 from certflow.schedules import install_reconcile_schedule, install_renewal_info_schedule
 from certflow.search import register_search_attributes
 from workflows.certificate import CertificateWorkflow
@@ -276,7 +277,7 @@ def webhook_activities(settings: Settings) -> list[WebhookActivities]:
 
 async def main() -> int:
     try:
-        settings: Settings = load_settings()
+        settings: Settings = load_settings(Settings)
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
         return 2

@@ -70,7 +70,7 @@ from certflow.activity_payloads import (
     RenewalAdvice,
     WaitForOrderInput,
 )
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 
 T = TypeVar("T")
 

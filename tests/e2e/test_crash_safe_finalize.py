@@ -52,7 +52,7 @@ from certflow.activity_payloads import (
     PlaceOrderInput,
     WaitForOrderInput,
 )
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 

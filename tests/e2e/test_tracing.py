@@ -35,7 +35,7 @@ from certflow.activity_payloads import (
     FinalizeInput,
     WaitForOrderInput,
 )
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 from certflow.client import CertflowClient
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
 from tests.e2e.fault_fixtures import (
