@@ -33,13 +33,9 @@ from certflow.acme.client import (
     classify_acme_failure,
     parse_retry_after,
 )
-from certflow.acme.problems import (
-    UNKNOWN_LIMIT,
-    ReplacesRefusal,
-    challenge_failure,
-    problem_suffix,
-    replaces_refusal,
-)
+from certflow.acme.problems import challenge_failure
+from certflow.acme.rate_limits import UNKNOWN_LIMIT
+from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
 from certflow.acme.pacing import PollPacer
 from certflow.acme.ari import fetch_renewal_info, next_check, renewal_info_url
 from certflow.store import accounts, certificates, cooldowns
