@@ -22,7 +22,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from certflow.acme.orders import Issuers, OrderPacing
+from certflow.acme.router import Issuers
+from certflow.acme.pacing import OrderPacing
 from certflow.acme.client import (
     REGISTER_ATTEMPTS,
     AcmeAccount,

@@ -33,7 +33,7 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.orders import Issuers
+from certflow.acme.router import Issuers
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
 from certflow.store import issued as issued_rows

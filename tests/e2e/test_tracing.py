@@ -23,7 +23,7 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.orders import Issuers
+from certflow.acme.router import Issuers
 from certflow.metrics import CertflowMetrics
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
