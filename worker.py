@@ -32,7 +32,7 @@ from certflow.acme.client import (
     issuer_setting,
 )
 from activities.acme import AcmeActivities
-from certflow.dns.caa import CaaIssuer
+from certflow.dns.caa_verdict import CaaIssuer
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
 from certflow.dns.http01 import Http01Fetcher

@@ -30,7 +30,7 @@ need nothing restored.
 
 Shown once by hand (not kept as tests, which would need product code changed):
 
-- With ``find_caa_set`` in certflow/dns/caa.py made to ignore the CNAME
+- With ``find_caa_set`` in certflow/dns/caa.py (since in caa_climb.py) made to ignore the CNAME
   chain (its lookup's answer passed on without the chain, so the edge's CAA
   records look owned by a name off the chain and are dropped), case 1 goes red
   (both variants): the walk finds no CAA on ``shop.c1-….test``, ``c1-….test``
