@@ -35,7 +35,7 @@ from activities.acme import AcmeActivities
 from certflow.dns.caa_verdict import CaaIssuer
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
-from certflow.dns.http01 import Http01Fetcher
+from certflow.dns.http01_fetch import Http01Fetcher
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
