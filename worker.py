@@ -22,7 +22,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from certflow.acme.orders import Issuers, OrderPacing
+from certflow.acme.router import Issuers
+from certflow.acme.pacing import OrderPacing
 from certflow.acme.client import (
     REGISTER_ATTEMPTS,
     AcmeAccount,
@@ -31,10 +32,10 @@ from certflow.acme.client import (
     issuer_setting,
 )
 from activities.acme import AcmeActivities
-from certflow.dns.caa import CaaIssuer
+from certflow.dns.caa_verdict import CaaIssuer
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
-from certflow.dns.http01 import Http01Fetcher
+from certflow.dns.http01_fetch import Http01Fetcher
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
@@ -49,7 +50,8 @@ from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
 from certflow.tracing import configure_tracing
 from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
-from certflow.settings import Settings, load_settings
+from certflow.settings import load_settings
+from certflow.worker_settings import Settings
 from certflow.schedules import install_reconcile_schedule, install_renewal_info_schedule
 from certflow.search import register_search_attributes
 from workflows.certificate import CertificateWorkflow
@@ -276,7 +278,7 @@ def webhook_activities(settings: Settings) -> list[WebhookActivities]:
 
 async def main() -> int:
     try:
-        settings: Settings = load_settings()
+        settings: Settings = load_settings(Settings)
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The ACME activities: each sends its step to the CA its input or its row names
-(certflow/acme/orders.py does the exchange), in a span, with metrics by phase and
-result, and typed errors out."""
+(certflow/acme/router.py picks it, certflow/acme/orders.py does the exchange), in
+a span, with metrics by phase and result, and typed errors out."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from typing import TypeVar
 import asyncpg
 from temporalio import activity
 
-from certflow.acme.orders import Issuers
+from certflow.acme.router import Issuers
 from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
-from certflow.models import (
-    ISSUABLE,
+from certflow.models import ISSUABLE, OrderKind
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CreateOrderInput,
     FinalizeInput,
     IssuedCertificate,
     OpenedOrder,
-    OrderKind,
     OrderProgress,
     PlaceOrderInput,
     RenewalAdvice,

@@ -16,11 +16,11 @@ from certflow.dns.checks import DnsChecker
 from certflow.errors import DnsCheckError, ErrorCode, ProvisioningError, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.dns.ownership import check_ownership
-from certflow.models import (
+from certflow.models import RequestedMethod
+from certflow.activity_payloads import (
     CheckDnsInput,
     Dns01ChallengeInput,
     DnsVerdict,
-    RequestedMethod,
     TransferInput,
     Transferred,
 )

@@ -1,6 +1,6 @@
 """Checks that predict the CA's verdict before an authorization is spent.
 
-:class:`~certflow.dns.http01.Http01Fetcher` fetches
+:class:`~certflow.dns.http01_fetch.Http01Fetcher` fetches
 ``http://<hostname>/.well-known/acme-challenge/<token>`` exactly as Let's
 Encrypt's validation authority does (SPEC §3.1). Two activities use it: ``check_http01`` between persisting a challenge and
 accepting it (a failure is HTTP01_UNREACHABLE: never sent to the CA, where each
@@ -19,20 +19,16 @@ import asyncpg
 from temporalio import activity
 
 from certflow.dns.checks import DnsChecker
-from certflow.dns.http01 import Http01Fetcher, Http01Unreachable
+from certflow.dns.http01_fetch import Http01Fetcher, Http01Unreachable
 from certflow.store import certificates
 from certflow.store import challenges
 from certflow.errors import ProvisioningError, ErrorCode, to_application_error
 from certflow.metrics import CertflowMetrics
 from certflow.dns.ownership import check_ownership
 from certflow.hostnames import is_wildcard
-from certflow.models import (
-    ValidationMethod,
-    DomainCheck,
-    DomainCheckInput,
-    DomainCheckReport,
-    Http01CheckInput,
-)
+from certflow.models import ValidationMethod
+from certflow.workflow_payloads import DomainCheck, DomainCheckInput, DomainCheckReport
+from certflow.activity_payloads import Http01CheckInput
 from certflow.tracing import step_span
 
 class PreflightActivities:

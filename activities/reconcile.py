@@ -26,7 +26,7 @@ from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
-from certflow.models import CertificateInput, ReconcileInput, ReconcileResult
+from certflow.workflow_payloads import CertificateInput, ReconcileInput, ReconcileResult
 
 PAGE = 500
 

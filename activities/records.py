@@ -7,16 +7,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from certflow.store import certificates
-from certflow.models import (
+from certflow.models import CertificateRecord
+from certflow.activity_payloads import (
     GiveUpInput,
-    CertificateRecord,
     EnsureCertificateInput,
     EnsureCertificateResult,
     PersistChallengeInput,
-    ProvisioningPolicy,
     RecordFailureInput,
     OpenOrder,
 )
+from certflow.workflow_payloads import ProvisioningPolicy
 
 
 class RecordActivities:

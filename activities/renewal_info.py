@@ -31,7 +31,8 @@ from certflow.acme.pacing import PollPacer
 from certflow.store import renewal_info
 from certflow.store.renewal_info import RenewalInfoRow
 from certflow.contract import workflow_id_for
-from certflow.models import RenewalAdvice, RenewalInfoSweepResult, RenewalWindow
+from certflow.activity_payloads import RenewalAdvice
+from certflow.workflow_payloads import RenewalInfoSweepResult, RenewalWindow
 
 PAGE = 500
 CONCURRENCY = 8

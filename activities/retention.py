@@ -9,7 +9,7 @@ import asyncpg
 from temporalio import activity
 
 from certflow.store.events import prune_events
-from certflow.models import PruneEventsResult
+from certflow.activity_payloads import PruneEventsResult
 
 
 class RetentionActivities:

@@ -17,7 +17,7 @@ import requests
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from certflow.models import WebhookEvent
+from certflow.workflow_payloads import WebhookEvent
 
 SIGNATURE_HEADER = "Certflow-Signature"
 

@@ -67,7 +67,7 @@ from certflow.contract import (
 from certflow.crypto import EncryptionKey
 from devstack import servers
 from devstack.faultproxy import Endpoint, FaultProxy, start_fault_proxy
-from certflow.models import RenewalInfoSweepResult
+from certflow.workflow_payloads import RenewalInfoSweepResult
 
 Log = Callable[[str], None]
 SAMPLES = 3

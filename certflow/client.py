@@ -45,41 +45,27 @@ from certflow.hostnames import (
 from certflow.dns.ownership import ownership_record
 from certflow.models import (
     DnsRecord,
-    TransferRequest,
     RequestedMethod,
     CertificateEvent,
-    CertificateInput,
-    CertificateState,
     CertificateStatus,
     Cooldown,
+    LimitScope,
+)
+from certflow.workflow_payloads import (
+    TransferRequest,
+    CertificateInput,
+    CertificateState,
     DeleteRequest,
     DomainCheckInput,
     DomainCheckReport,
-    LimitScope,
     ReconcileInput,
     ReconcileResult,
 )
 from certflow.schedules import install_reconcile_schedule
 from certflow.settings import ClientSettings
-from certflow.errors import CertflowError
+from certflow.errors import ActionRejectedError, HostnameOwnedError
 
 START_CONCURRENCY = 16
-
-
-class ActionRejectedError(CertflowError):
-    """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
-
-
-class HostnameOwnedError(ActionRejectedError):
-    """A requested hostname belongs to another tenant (which is not named)."""
-
-    def __init__(self, hostnames: Sequence[str]) -> None:
-        self.hostnames = list(hostnames)
-        names = ", ".join(self.hostnames)
-        one = len(self.hostnames) == 1
-        super().__init__(
-            f"{names} {'belongs' if one else 'belong'} to another tenant; nothing was requested"
-        )
 
 
 def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:

@@ -18,20 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from certflow.client import ActionRejectedError, CertflowClient
+from certflow.client import CertflowClient
 from certflow.connections import open_postgres
 from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
-from certflow.errors import ConfigError, ServiceUnreachableError
+from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejectedError
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError
-from certflow.models import (
-    CertificateState,
-    CertificateStatus,
-    LimitScope,
-    MethodReadiness,
-    Phase,
-    RequestedMethod,
-)
+from certflow.models import CertificateStatus, LimitScope, MethodReadiness, Phase, RequestedMethod
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings, KeySettings, load_settings
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import NameOID
 
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 from certflow.errors import CertflowError
 
 NONCE_SIZE = 12

@@ -3,12 +3,14 @@
 Every failure an activity can report is a :class:`ProvisioningError` carrying an
 :class:`ErrorCode` (SPEC §4) plus the data that explains it. Activities turn
 them into Temporal ``ApplicationError`` s whose ``type`` is the code, so the
-workflow and retry policies match on the code, never on message text.
+workflow and retry policies match on the code, never on message text. What the
+client refuses to do for its caller is an :class:`ActionRejectedError`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -118,6 +120,22 @@ class ServiceUnreachableError(CertflowError):
 class CaUnreachableError(ConfigError):
     """A CA did not answer at start-up (after retries): for a fallback issuer the
     worker starts without its account and registers it on first use."""
+
+
+class ActionRejectedError(CertflowError):
+    """The workflow refused an action (nothing to retry, not ACTIVE, …) or has none to take it."""
+
+
+class HostnameOwnedError(ActionRejectedError):
+    """A requested hostname belongs to another tenant (which is not named)."""
+
+    def __init__(self, hostnames: Sequence[str]) -> None:
+        self.hostnames = list(hostnames)
+        names = ", ".join(self.hostnames)
+        one = len(self.hostnames) == 1
+        super().__init__(
+            f"{names} {'belongs' if one else 'belong'} to another tenant; nothing was requested"
+        )
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 
 
 def print_table(reports: Sequence[CertificateState | None], hostnames: Sequence[str]) -> None:

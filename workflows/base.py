@@ -22,19 +22,14 @@ with workflow.unsafe.imports_passed_through():
         webhook_workflow_id,
     )
     from certflow.errors import ErrorCode
-    from certflow.models import (
+    from certflow.models import CertificateRecord, CertificateStatus, RequestedMethod, Phase
+    from certflow.workflow_payloads import (
         CarriedWaits,
         CertificateInput,
-        CertificateRecord,
         CertificateState,
-        CertificateStatus,
-        Dns01ChallengeInput,
-        EnsureCertificateInput,
-        GiveUpInput,
-        RequestedMethod,
-        Phase,
         WebhookEvent,
     )
+    from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
     from workflows.steps import (
         BEST_EFFORT,

@@ -23,16 +23,15 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from certflow.contract import CERTIFICATE_WORKFLOW
-    from certflow.models import (
+    from certflow.models import CertificateStatus, Phase
+    from certflow.workflow_payloads import (
         CertificateInput,
         CertificateState,
-        CertificateStatus,
         DeleteRequest,
-        Phase,
         RenewalWindow,
-        TransferInput,
         TransferRequest,
     )
+    from certflow.activity_payloads import TransferInput
     from workflows.policy import RECHECK_CODES
     from workflows.run_state import RunState, Stopped, StopRequest
     from activities.dns import DnsActivities

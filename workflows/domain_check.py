@@ -12,7 +12,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.preflight import PreflightActivities
     from certflow.contract import DOMAIN_CHECK_WORKFLOW
-    from certflow.models import DomainCheckInput, DomainCheckReport
+    from certflow.workflow_payloads import DomainCheckInput, DomainCheckReport
 
 
 @workflow.defn(name=DOMAIN_CHECK_WORKFLOW)

@@ -13,15 +13,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.acme import AcmeActivities
     from activities.records import RecordActivities
     from certflow.errors import ErrorCode
-    from certflow.models import (
-        CaaDisagreement,
-        CertificateStatus,
-        Outcome,
-        Phase,
-        ProvisioningPolicy,
-        RecordFailureInput,
-        ValidationMethod,
-    )
+    from certflow.models import CertificateStatus, Phase, ValidationMethod
+    from certflow.workflow_payloads import CaaDisagreement, ProvisioningPolicy
+    from certflow.activity_payloads import Outcome, RecordFailureInput
     from workflows.policy import (
         NOT_READY_CODES,
         DNS_CODES,

@@ -16,9 +16,14 @@ with workflow.unsafe.imports_passed_through():
     from certflow.issuers import DEFAULT_ISSUER
     from certflow.models import (
         ISSUABLE,
-        AcceptChallengeInput,
         CertificateRecord,
         CertificateStatus,
+        OrderKind,
+        Phase,
+        ValidationMethod,
+    )
+    from certflow.activity_payloads import (
+        AcceptChallengeInput,
         CheckDnsInput,
         CreateOrderInput,
         Dns01ChallengeInput,
@@ -27,14 +32,11 @@ with workflow.unsafe.imports_passed_through():
         Http01CheckInput,
         IssuedCertificate,
         OpenedOrder,
-        OrderKind,
         PersistChallengeInput,
-        Phase,
         PlaceOrderInput,
-        ValidationMethod,
-        ProvisioningPolicy,
         WaitForOrderInput,
     )
+    from certflow.workflow_payloads import ProvisioningPolicy
     from workflows.policy import (
         choose_issuer,
         issuer_reason,

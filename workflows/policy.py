@@ -7,7 +7,9 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, Outcome, ProvisioningPolicy
+from certflow.models import CertificateStatus
+from certflow.activity_payloads import Outcome
+from certflow.workflow_payloads import ProvisioningPolicy
 
 DNS_CODES = frozenset(
     {

@@ -13,7 +13,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.reconcile import ReconcileActivities
     from activities.retention import RetentionActivities
-    from certflow.models import ReconcileInput, ReconcileResult
+    from certflow.workflow_payloads import ReconcileInput, ReconcileResult
     from certflow.contract import RECONCILE_WORKFLOW
 
 

@@ -13,12 +13,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.acme import AcmeActivities
     from activities.records import RecordActivities
-    from certflow.models import (
-        CertificateStatus,
-        EnsureCertificateInput,
-        Phase,
-        RenewalAdvice,
-    )
+    from certflow.models import CertificateStatus, Phase
+    from certflow.activity_payloads import EnsureCertificateInput, RenewalAdvice
     from certflow.errors import ErrorCode
     from workflows.policy import (
         NOT_READY_CODES,

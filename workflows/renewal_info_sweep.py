@@ -11,7 +11,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.renewal_info import RenewalInfoSweep
     from certflow.contract import RENEWAL_INFO_SWEEP_WORKFLOW
-    from certflow.models import RenewalInfoSweepResult
+    from certflow.workflow_payloads import RenewalInfoSweepResult
 
 
 @workflow.defn(name=RENEWAL_INFO_SWEEP_WORKFLOW)

@@ -14,12 +14,11 @@ from datetime import datetime
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from certflow.models import (
+    from certflow.models import CertificateRecord, Phase
+    from certflow.workflow_payloads import (
         CaaDisagreement,
         CarriedWaits,
         CertificateInput,
-        CertificateRecord,
-        Phase,
         ProvisioningPolicy,
     )
 

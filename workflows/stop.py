@@ -9,12 +9,8 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.acme import AcmeActivities
     from activities.records import RecordActivities
-    from certflow.models import (
-        CertificateState,
-        CertificateStatus,
-        Phase,
-        ValidationMethod,
-    )
+    from certflow.models import CertificateStatus, Phase, ValidationMethod
+    from certflow.workflow_payloads import CertificateState
     from workflows.run_state import StopRequest
     from workflows.steps import (
         BEST_EFFORT,

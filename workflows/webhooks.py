@@ -15,7 +15,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.webhooks import WebhookActivities
     from certflow.contract import WEBHOOK_DELIVERY_WORKFLOW
-    from certflow.models import WebhookEvent
+    from certflow.workflow_payloads import WebhookEvent
 
 DELIVERY_DEADLINE = timedelta(days=3)
 

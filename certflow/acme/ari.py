@@ -18,7 +18,7 @@ from cryptography import x509
 from temporalio import activity
 
 from certflow.acme.client import AcmeClients, parse_retry_after
-from certflow.models import RenewalAdvice
+from certflow.activity_payloads import RenewalAdvice
 
 ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3
 MIN_RECHECK = 1.0  # the sweep's own interval paces it anyway

@@ -1,11 +1,25 @@
-"""How fast a worker polls the CA: one token bucket for every fast poll of the
-process (orders and authorizations), well under Let's Encrypt's per-IP limits,
-however many certificates are in flight."""
+"""How hard a worker pushes the CA: its settings (``OrderPacing``), and one token
+bucket for every fast poll of the process (orders and authorizations), well under
+Let's Encrypt's per-IP limits, however many certificates are in flight
+(``PollPacer``). New orders in flight are counted across workers in Postgres
+(``slots``)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OrderPacing:
+    """How hard this worker pushes the CA (settings ``MAX_NEW_ORDERS_IN_FLIGHT``,
+    ``ACME_POLLS_PER_SECOND``)."""
+
+    max_orders_in_flight: int = 4
+    """New-order requests in flight at once for the account, across every worker."""
+    polls_per_second: float = 20.0
+    """Order and authorization polls of this worker, all certificates together."""
 
 
 class PollPacer:

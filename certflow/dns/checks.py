@@ -14,13 +14,8 @@ import dns.rdatatype
 import dns.rdtypes.ANY.NS
 import dns.rdtypes.ANY.TXT
 
-from certflow.dns.caa import (
-    _ISSUER_DOMAIN_RE,
-    CaaAnswerSet,
-    CaaIssuer,
-    allowed_issuers,
-    parse_caa_response,
-)
+from certflow.dns.caa_records import ISSUER_DOMAIN_RE, CaaAnswerSet, parse_caa_response
+from certflow.dns.caa_verdict import CaaIssuer, allowed_issuers
 from certflow.dns.cname import follow_cname_chain
 from certflow.dns.dns01 import Dns01Zone, check_delegation, probe
 from certflow.dns.ownership import check_ownership
@@ -40,7 +35,8 @@ from certflow.dns.lookup import (
 from certflow.errors import ConfigError, DnsCheckError, ErrorCode, ProvisioningError
 from certflow.hostnames import InvalidHostnameError, is_wildcard, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER
-from certflow.models import DnsRecord, DnsVerdict, MethodReadiness, RequestedMethod, ValidationMethod
+from certflow.models import DnsRecord, MethodReadiness, RequestedMethod, ValidationMethod
+from certflow.activity_payloads import DnsVerdict
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ class DnsChecker:
         # Frozen: normalize in place once, so messages show the canonical name.
         object.__setattr__(self, "cname_target", target)
         issuer = _canonical(self.caa_issuer_domain)
-        if not _ISSUER_DOMAIN_RE.fullmatch(issuer):
+        if not ISSUER_DOMAIN_RE.fullmatch(issuer):
             raise ConfigError(
                 f"CAA issuer domain {self.caa_issuer_domain!r} is not a valid "
                 "RFC 8659 issuer-domain-name"

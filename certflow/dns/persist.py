@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
 
-from certflow.dns.caa import parse_issue_value
+from certflow.dns.caa_records import parse_issue_value
 from certflow.dns.dns01 import base_name
 from certflow.dns.lookup import DnsLookupError
 from certflow.errors import DnsCheckError, ErrorCode

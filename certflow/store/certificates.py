@@ -13,13 +13,8 @@ from __future__ import annotations
 import asyncpg
 
 from certflow.errors import ErrorCode
-from certflow.models import (
-    CertificateStatus,
-    CertificateRecord,
-    OpenedOrder,
-    Outcome,
-    RequestedMethod,
-)
+from certflow.models import CertificateStatus, CertificateRecord, RequestedMethod
+from certflow.activity_payloads import OpenedOrder, Outcome
 
 
 RECORD_COLUMNS = """

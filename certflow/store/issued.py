@@ -8,9 +8,7 @@ from datetime import datetime
 import asyncpg
 
 from certflow.crypto import CertificateInfo
-from certflow.models import (
-    RenewalAdvice,
-)
+from certflow.activity_payloads import RenewalAdvice
 
 
 async def store_pending_key(

@@ -7,12 +7,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from certflow.models import (
-    CertificateEvent,
-    CertificateRecord,
-    CertificateState,
-    RequestedMethod,
-)
+from certflow.models import CertificateEvent, CertificateRecord, RequestedMethod
+from certflow.workflow_payloads import CertificateState
 from certflow.store.certificates import RECORD_COLUMNS, record_of
 
 

@@ -83,7 +83,7 @@ from certflow.contract import workflow_id_for
 from certflow.crypto import PrivateKey, load_private_key, public_key_matches
 from devstack import servers
 from devstack.faultproxy import Endpoint, Fault, Forwarded
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from tests.chaos.conftest import CNAME_TARGET, MANAGED_BASE_DOMAIN, ChaosStack

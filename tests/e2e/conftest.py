@@ -28,7 +28,7 @@ from certflow.store import certificates
 from devstack import servers
 from certflow.crypto import EncryptionKey
 from certflow.store.db import create_pool, migrate
-from certflow.models import OpenedOrder
+from certflow.activity_payloads import OpenedOrder
 from certflow.contract import reconcile_schedule_id
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient

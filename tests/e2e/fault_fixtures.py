@@ -44,7 +44,7 @@ from devstack import servers
 from devstack.faultproxy import FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 
 ROOT = Path(__file__).resolve().parents[2]
 CNAME_TARGET = "edge.saas.test"

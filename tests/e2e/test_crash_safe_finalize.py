@@ -33,7 +33,7 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.orders import Issuers
+from certflow.acme.router import Issuers
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
 from certflow.store import issued as issued_rows
@@ -44,7 +44,7 @@ from certflow.crypto import (
     private_key_to_pem,
     public_key_matches,
 )
-from certflow.models import (
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CreateOrderInput,
     FinalizeInput,
@@ -52,7 +52,7 @@ from certflow.models import (
     PlaceOrderInput,
     WaitForOrderInput,
 )
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 

@@ -28,8 +28,9 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from certflow.store import cooldowns
 from devstack import servers
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, Forwarded
-from certflow.client import ActionRejectedError, CertflowClient
-from certflow.models import CertificateState
+from certflow.client import CertflowClient
+from certflow.errors import ActionRejectedError
+from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import (
     CNAME_TARGET,
     Stack,

@@ -21,7 +21,7 @@ for that reason (the sandbox would re-import this module with an empty dict).
 
 In the product path, once (then reverted exactly: the file compared equal to a
 copy taken before): ``AcmeActivities._finalize_and_store`` in
-certflow/acme/orders.py was made to log the new key at INFO
+certflow/acme/orders.py (since in certflow/acme/finalize.py) was made to log the new key at INFO
 (``activity.logger.info("stored key %s", private_key_to_pem(key).decode())``;
 the deployment's worker logs at INFO, so a DEBUG line would never be written)
 and to return the private scalar as hex appended to ``serial_hex``. With that

@@ -39,12 +39,12 @@ from devstack import servers
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from certflow.store.db import create_pool
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 from certflow.edge.serving import SniCertificates
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.hostnames import normalize_hostname
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 from temporalio.service import RPCError
 
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused

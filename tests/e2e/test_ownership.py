@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from certflow.client import CertflowClient, HostnameOwnedError
+from certflow.client import CertflowClient
+from certflow.errors import HostnameOwnedError
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates
 from devstack import servers

@@ -30,7 +30,7 @@ need nothing restored.
 
 Shown once by hand (not kept as tests, which would need product code changed):
 
-- With ``find_caa_set`` in certflow/dns/caa.py made to ignore the CNAME
+- With ``find_caa_set`` in certflow/dns/caa.py (since in caa_climb.py) made to ignore the CNAME
   chain (its lookup's answer passed on without the chain, so the edge's CAA
   records look owned by a name off the chain and are dropped), case 1 goes red
   (both variants): the walk finds no CAA on ``shop.c1-….test``, ``c1-….test``
@@ -78,7 +78,8 @@ from devstack import realdns, servers
 from devstack.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns
 from certflow.errors import ErrorCode
-from certflow.models import CertificateState, CertificateStatus, Phase
+from certflow.models import CertificateStatus, Phase
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
 

@@ -30,7 +30,8 @@ from certflow.crypto import CertificateInfo, EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.metrics import CertflowMetrics
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, OpenedOrder, OrderKind, Outcome
+from certflow.models import CertificateStatus, OrderKind
+from certflow.activity_payloads import OpenedOrder, Outcome
 from certflow.edge.serving import SniCertificates
 
 pytestmark = pytest.mark.e2e

@@ -37,7 +37,8 @@ from devstack.faultproxy import (
     SpendAt,
 )
 from certflow.hostnames import registered_domain
-from certflow.models import CertificateState, Cooldown, LimitScope, Phase
+from certflow.models import Cooldown, LimitScope, Phase
+from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import CNAME_TARGET, Stack, build_stack, connect_client, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -387,7 +388,7 @@ async def test_a_registered_domain_cooldown_holds_its_domain_only(
     as they would at Let's Encrypt, and nothing is ever refused (tried: no refusal
     in 180 s).
 
-    Shown to fail: with ``_typed`` (certflow/acme/orders.py) recording every
+    Shown to fail: with ``_typed`` (certflow/acme/orders.py, since exchange.py) recording every
     cooldown as ``LimitScope.ACCOUNT``, each bigcorp refusal held every tenant: the
     20 others' p95 was 78.9 s against a baseline of 11.2 s (7.06×) and the p95
     assertion failed (the snapshot showed ``('account', '', 'CertificatesPerDomain')``).

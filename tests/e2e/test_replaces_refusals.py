@@ -31,7 +31,8 @@ from certflow.client import CertflowClient
 from certflow.store.db import create_pool
 from devstack import servers
 from devstack.faultproxy import Arriving, Endpoint, Fault, FaultProxy, start_fault_proxy
-from certflow.models import CertificateState, CertificateStatus
+from certflow.models import CertificateStatus
+from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
 

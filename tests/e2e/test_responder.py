@@ -13,7 +13,7 @@ import pytest
 from certflow.store import certificates
 from certflow.store.db import create_pool, migrate
 from devstack.servers import free_port
-from certflow.models import OpenedOrder
+from certflow.activity_payloads import OpenedOrder
 from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
 
 TOKEN = "tok_" + "A" * 39

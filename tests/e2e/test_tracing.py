@@ -23,19 +23,19 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.orders import Issuers
+from certflow.acme.router import Issuers
 from certflow.metrics import CertflowMetrics
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
 from certflow.store import certificates
-from certflow.models import (
+from certflow.activity_payloads import (
     AcceptChallengeInput,
     CheckDnsInput,
     CreateOrderInput,
     FinalizeInput,
     WaitForOrderInput,
 )
-from certflow.settings import KeyType
+from certflow.worker_settings import KeyType
 from certflow.client import CertflowClient
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
 from tests.e2e.fault_fixtures import (

@@ -1,5 +1,5 @@
-"""What the CA's problem documents mean (certflow/acme/problems.py), on real
-Let's Encrypt (Boulder) answers.
+"""What the CA's problem documents mean (certflow/acme/problems.py, its two tables
+in rate_limits.py and refusals.py), on real Let's Encrypt (Boulder) answers.
 
 Every detail below is Boulder's format string filled in as Boulder fills it; the
 comment above each names the letsencrypt/boulder file it comes from (commit
@@ -17,21 +17,17 @@ import pytest
 from acme import messages
 
 from certflow.acme.client import HttpStatusError, classify_acme_failure
-from certflow.acme.problems import (
+from certflow.acme.problems import challenge_failure, problem_error
+from certflow.acme.rate_limits import (
     LIMIT_ANCHORS,
-    Effect,
-    LimitScope,
     RateLimit,
-    challenge_failure,
     is_rate_limited,
-    ReplacesRefusal,
-    replaces_refusal,
     limit_anchor,
-    problem_error,
     rate_limit_for,
-    refusal_for,
     unpause_url,
 )
+from certflow.acme.refusals import Effect, ReplacesRefusal, replaces_refusal, refusal_for
+from certflow.models import LimitScope
 from certflow.errors import USER_MESSAGES, ErrorCode
 from certflow.hostnames import registered_domain
 

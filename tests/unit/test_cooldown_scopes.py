@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from certflow.acme.orders import _scope_key
+from certflow.acme.exchange import _scope_key
 from certflow.store.cooldowns import holds
 from certflow.models import LimitScope, OrderKind
 

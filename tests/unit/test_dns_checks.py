@@ -15,19 +15,9 @@ import dns.message
 import dns.rdatatype
 import pytest
 
-from certflow.dns.caa import (
-    CaaAnswer,
-    CaaAnswerSet,
-    CaaIssuer,
-    CaaRecord,
-    CaaSet,
-    caa_allows,
-    caa_decision,
-    caa_lookup_names,
-    check_caa,
-    find_caa_set,
-    parse_caa_response,
-)
+from certflow.dns.caa_records import CaaAnswer, CaaAnswerSet, CaaRecord, parse_caa_response
+from certflow.dns.caa_verdict import CaaIssuer, caa_allows, caa_decision, check_caa
+from certflow.dns.caa_climb import CaaSet, caa_lookup_names, find_caa_set
 from certflow.dns.lookup import CnameAnswer, DnsLookupError, parse_resolver_address
 from certflow.dns.checks import DnsChecker
 from certflow.dns.cname import follow_cname_chain

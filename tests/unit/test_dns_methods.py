@@ -14,7 +14,8 @@ from acme import challenges
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from certflow.dns import dns01
-from certflow.dns.caa import CaaAnswerSet, CaaIssuer
+from certflow.dns.caa_records import CaaAnswerSet
+from certflow.dns.caa_verdict import CaaIssuer
 from certflow.dns.checks import DnsChecker
 from certflow.dns.lookup import CnameAnswer
 from certflow.dns.persist import judge, persist_record

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from certflow.dns.lookup import DnsLookupError
-from certflow.dns.http01 import Http01Fetcher, Http01Unreachable, trimmed_payload
+from certflow.dns.http01_fetch import Http01Fetcher, Http01Unreachable, trimmed_payload
 from certflow.dns.reserved import AddressPolicy, reserved_reason
 
 TOKEN = "tok-en_123"

@@ -16,13 +16,8 @@ from josepy.jwk import JWKEC
 from pydantic import SecretStr
 
 from certflow.acme.client import external_account_binding
-from certflow.dns.caa import (
-    CaaAnswer,
-    CaaAnswerSet,
-    CaaIssuer,
-    CaaRecord,
-    allowed_issuers,
-)
+from certflow.dns.caa_records import CaaAnswer, CaaAnswerSet, CaaRecord
+from certflow.dns.caa_verdict import CaaIssuer, allowed_issuers
 from certflow.dns.lookup import CnameAnswer
 from certflow.dns.checks import DnsChecker
 from certflow.errors import DnsCheckError, ErrorCode

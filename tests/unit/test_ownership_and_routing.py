@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from certflow.dns.caa import CaaAnswerSet
+from certflow.dns.caa_records import CaaAnswerSet
 from certflow.dns.checks import DnsChecker
 from certflow.dns.lookup import CnameAnswer, DnsLookupError
 from certflow.dns.ownership import check_ownership, ownership_record, ownership_token

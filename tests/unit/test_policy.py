@@ -6,7 +6,7 @@ import pytest
 
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus as S
-from certflow.models import ProvisioningPolicy
+from certflow.workflow_payloads import ProvisioningPolicy
 from workflows.policy import (
     DNS_CODES,
     RECHECK_CODES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio.testing import ActivityEnvironment
 
 from activities.reconcile import _Pass
-from certflow.models import ReconcileResult
+from certflow.workflow_payloads import ReconcileResult
 
 
 def test_a_cold_pass_heartbeats_per_start_and_lists_a_bounded_sample() -> None:

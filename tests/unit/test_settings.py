@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from certflow.errors import ConfigError
-from certflow.settings import ClientSettings, KeyType, Settings, load_settings
+from certflow.settings import ClientSettings, load_settings
+from certflow.worker_settings import KeyType, Settings
 
 GOOD = {
     "CERTFLOW_DATABASE_URL": "postgresql://postgres@127.0.0.1/certflow",
@@ -60,7 +61,7 @@ def test_malformed_setting_names_the_variable(
 ) -> None:
     env.setenv(variable, value)
     with pytest.raises(ConfigError) as caught:
-        load_settings()
+        load_settings(Settings)
     text = str(caught.value)
     assert text.startswith(variable + ":")
     assert message in text
@@ -71,7 +72,7 @@ def test_malformed_setting_names_the_variable(
 def test_missing_setting_names_the_variable(env: pytest.MonkeyPatch, variable: str) -> None:
     env.delenv(variable)
     with pytest.raises(ConfigError, match=f"^{variable} is not set( \\(or list the CAs in CERTFLOW_ISSUERS\\))?$"):
-        load_settings()
+        load_settings(Settings)
 
 
 def test_bundle_without_certificate(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -79,7 +80,7 @@ def test_bundle_without_certificate(env: pytest.MonkeyPatch, tmp_path: Path) -> 
     bundle.write_text("nothing here")
     env.setenv("CERTFLOW_ACME_CA_BUNDLE", str(bundle))
     with pytest.raises(ConfigError, match="CERTFLOW_ACME_CA_BUNDLE: .* holds no PEM certificate"):
-        load_settings()
+        load_settings(Settings)
 
 
 def test_client_settings_need_only_the_database(env: pytest.MonkeyPatch) -> None:

@@ -47,12 +47,9 @@ from temporalio.worker import Worker
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus, RequestedMethod, ValidationMethod
-from certflow.models import (
+from certflow.models import CertificateRecord, CertificateStatus
+from certflow.activity_payloads import (
     AcceptChallengeInput,
-    CertificateInput,
-    CertificateRecord,
-    CertificateState,
-    CertificateStatus,
     CheckDnsInput,
     Dns01ChallengeInput,
     GiveUpInput,
@@ -71,11 +68,11 @@ from certflow.models import (
     Outcome,
     PersistChallengeInput,
     PlaceOrderInput,
-    ProvisioningPolicy,
     RecordFailureInput,
     RenewalAdvice,
     WaitForOrderInput,
 )
+from certflow.workflow_payloads import CertificateInput, CertificateState, ProvisioningPolicy
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from workflows.certificate import CertificateWorkflow
 from tests import expected

@@ -35,7 +35,7 @@ from devstack import servers
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
-from certflow.models import CertificateState
+from certflow.workflow_payloads import CertificateState
 
 HISTORIES = Path(__file__).parent / "histories"
 LABEL = ""

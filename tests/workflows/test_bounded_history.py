@@ -18,7 +18,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import AcmeStatus, OrderProgress, RenewalWindow
+from certflow.models import AcmeStatus
+from certflow.activity_payloads import OrderProgress
+from certflow.workflow_payloads import RenewalWindow
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN
 
 from .fakes import (

@@ -21,7 +21,9 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, DnsVerdict, OrderKind, Phase, RenewalWindow
+from certflow.models import CertificateStatus, OrderKind, Phase
+from certflow.activity_payloads import DnsVerdict
+from certflow.workflow_payloads import RenewalWindow
 
 from .fakes import DEFAULT, FAST_POLICY, Fakes, active_row, app_error, started
 

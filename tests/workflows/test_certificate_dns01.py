@@ -10,7 +10,8 @@ from typing import Any
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, DnsVerdict, Phase, ValidationMethod
+from certflow.models import CertificateStatus, Phase, ValidationMethod
+from certflow.activity_payloads import DnsVerdict
 
 from .fakes import (
     AFTER_ISSUANCE_STEPS,

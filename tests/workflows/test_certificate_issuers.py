@@ -18,7 +18,8 @@ from datetime import timedelta
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, DnsVerdict, OrderKind
+from certflow.models import CertificateStatus, OrderKind
+from certflow.activity_payloads import DnsVerdict
 
 from .fakes import (
     FAST_POLICY,

@@ -11,7 +11,8 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateState, CertificateStatus, Phase, TransferRequest
+from certflow.models import CertificateStatus, Phase
+from certflow.workflow_payloads import CertificateState, TransferRequest
 
 from .fakes import FAST_POLICY, Fakes, active_row, app_error, dns_cname_error, fail_first, started
 

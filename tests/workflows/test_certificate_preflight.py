@@ -14,7 +14,8 @@ from datetime import timedelta
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateState, CertificateStatus, Phase
+from certflow.models import CertificateStatus, Phase
+from certflow.workflow_payloads import CertificateState
 
 from .fakes import (
     AFTER_ISSUANCE_STEPS,

@@ -14,7 +14,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import CertificateStatus, OrderKind, RenewalWindow
+from certflow.models import CertificateStatus, OrderKind
+from certflow.workflow_payloads import RenewalWindow
 
 from .fakes import (
     renewal_at,

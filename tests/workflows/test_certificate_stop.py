@@ -14,13 +14,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus
-from certflow.models import (
-    CertificateState,
-    CertificateStatus,
-    DeleteRequest,
-    OrderProgress,
-    WaitForOrderInput,
-)
+from certflow.models import CertificateStatus
+from certflow.workflow_payloads import CertificateState, DeleteRequest
+from certflow.activity_payloads import OrderProgress, WaitForOrderInput
 
 from .fakes import (
     CERT_ID,

@@ -17,12 +17,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus
-from certflow.models import (
-    CertificateState,
-    CertificateStatus,
-    OrderProgress,
-    WaitForOrderInput,
-)
+from certflow.models import CertificateStatus
+from certflow.workflow_payloads import CertificateState
+from certflow.activity_payloads import OrderProgress, WaitForOrderInput
 
 from .fakes import (
     AFTER_ISSUANCE_STEPS,

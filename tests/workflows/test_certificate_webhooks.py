@@ -23,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from certflow.contract import CERTIFICATE_WORKFLOW
-from certflow.models import CertificateInput, CertificateState, WebhookEvent
+from certflow.workflow_payloads import CertificateInput, CertificateState, WebhookEvent
 from tests.workflows.fakes import (
     FAST_POLICY,
     HOSTNAME,

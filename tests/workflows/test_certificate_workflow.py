@@ -15,8 +15,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus
-from certflow.models import (
-    CertificateStatus,
+from certflow.models import CertificateStatus
+from certflow.activity_payloads import (
     CheckDnsInput,
     EnsureCertificateInput,
     FinalizeInput,

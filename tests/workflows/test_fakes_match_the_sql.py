@@ -48,9 +48,8 @@ from temporalio.testing import WorkflowEnvironment
 from activities.records import RecordActivities
 from certflow.store.db import create_pool, migrate
 from certflow.errors import ErrorCode
-from certflow.models import (
-    CertificateRecord,
-    CertificateStatus,
+from certflow.models import CertificateRecord, CertificateStatus
+from certflow.activity_payloads import (
     EnsureCertificateInput,
     EnsureCertificateResult,
     OpenedOrder,

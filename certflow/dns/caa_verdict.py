@@ -1,11 +1,9 @@
-"""CAA as Let's Encrypt's Boulder reads it (``va/caa.go``).
+"""Whether the CAA set that decides for a hostname lets a CA issue, and why, as
+Let's Encrypt's Boulder decides it (``va/caa.go``).
 
-The relevant RRset of a name is the CAA records in the answer to a CAA query for
-it, the resolver following CNAMEs (RFC 8659 §3), for the hostname and then each
-of *its* parents up to the TLD; the first non-empty set decides. The walk
-(:func:`find_caa_set`) is separate from the decision (:func:`caa_allows`), so one
-walk can be judged for several CAs. Issuer domains compare exactly, as Boulder
-compares them; RFC 8657 ``accounturi`` and ``validationmethods`` apply.
+Issuer domains compare exactly, as Boulder compares them; RFC 8657
+``accounturi`` and ``validationmethods`` apply. :func:`allowed_issuers` judges
+one climb (``caa_climb``) for every configured CA.
 
 The decisions are pure functions over plain data or over an injected lookup, so
 they are unit-testable without DNS. Failures are
@@ -16,14 +14,18 @@ lookup, ``ACME_TEMPORARY`` (SPEC §4).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import dns.message
-import dns.rdatatype
-import dns.rdtypes.ANY.CAA
-
-from certflow.dns.lookup import CnameAnswer, DnsLookupError, canonical as _canonical, cname_answers, rrsets, unique as _unique
+from certflow.dns.caa_climb import CaaLookup, CaaSet, caa_reading, find_caa_set
+from certflow.dns.caa_records import (
+    ISSUER_DOMAIN_RE,
+    CaaRecord,
+    IssueValue,
+    escape_character_string,
+    parse_issue_value,
+)
+from certflow.dns.lookup import canonical as _canonical, unique as _unique
 from certflow.errors import DnsCheckError, ErrorCode
 
 VALIDATION_METHOD = "http-01"
@@ -35,85 +37,11 @@ VALIDATION_METHOD = "http-01"
 # critical one makes Let's Encrypt refuse, and it makes us refuse too.
 _KNOWN_CAA_TAGS = frozenset({"issue", "issuewild", "iodef", "issuemail", "issuevmc"})
 
-# RFC 8659 §4.2 issue-value grammar pieces.
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_ISSUER_DOMAIN_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-# Parameter tags as Boulder's parseCAARecord accepts them: ASCII letters and
-# digits only (no hyphens, although RFC 8659's grammar allows inner ones).
-_PARAM_TAG_RE = re.compile(r"[A-Za-z0-9]*")
-_PARAM_VALUE_RE = re.compile(r"[\x21-\x3a\x3c-\x7e]*")
 # RFC 8657 §4: validationmethods = [*(label ",") label], label = 1*(ALPHA / DIGIT / "-").
 _METHOD_RE = re.compile(r"[A-Za-z0-9-]+")
-_WSP = " \t"
 
 _PREVIEW_CHARS = 60
 _PARAM_PREVIEW_CHARS = 100
-_ARROW = " → "
-
-
-
-@dataclass(frozen=True)
-class CaaRecord:
-    """One CAA resource record's data (RFC 8659 §4.1)."""
-
-    flags: int
-    tag: str
-    value: str
-
-    @property
-    def critical(self) -> bool:
-        """The Issuer Critical flag: bit 128, or bit 1 as many tools write it (as Boulder)."""
-        return bool(self.flags & (128 | 1))
-
-    def to_text(self) -> str:
-        """Zone-file presentation, e.g. ``0 issue "letsencrypt.org"``."""
-        return f'{self.flags} {self.tag} "{_escape_character_string(self.value)}"'
-
-
-@dataclass(frozen=True)
-class CaaAnswer:
-    """A CAA record as returned by a lookup, with the name that owns it."""
-
-    owner: str
-    record: CaaRecord
-
-
-@dataclass(frozen=True)
-class CaaAnswerSet:
-    """The answer section of a CAA query: the CNAME chain the resolver followed
-    (owner → target …) and the CAA records (normally owned by the chain's last
-    name). Both may be empty (NXDOMAIN, NODATA, or NODATA at the alias target)."""
-
-    cnames: Sequence[CnameAnswer] = ()
-    caa: Sequence[CaaAnswer] = ()
-
-
-@dataclass(frozen=True)
-class CaaSet:
-    """The relevant CAA RRset that decides for ``hostname`` (RFC 8659 §3).
-
-    ``name`` is the name whose CAA query returned it (the hostname or one of its
-    parents); ``chain`` is ``name`` followed by each CNAME target up to the
-    name owning ``records`` (just ``(name,)`` without an alias).
-    """
-
-    hostname: str
-    name: str
-    chain: tuple[str, ...]
-    records: tuple[CaaRecord, ...]
-
-    @property
-    def owner(self) -> str:
-        """Where the records were found: the end of the alias chain."""
-        return self.chain[-1]
-
-    @property
-    def location(self) -> str:
-        """``CAA at <owner>``, with ``(via a → b)`` when reached through an alias."""
-        where = f"CAA at {self.owner}"
-        if len(self.chain) > 1:
-            where += f" (via {_ARROW.join(self.chain)})"
-        return where
 
 
 @dataclass(frozen=True)
@@ -140,7 +68,7 @@ class CaaIssuer:
         if not domains:
             raise ValueError("a CAA issuer needs at least one issuer domain")
         for domain in domains:
-            if not _ISSUER_DOMAIN_RE.fullmatch(domain):
+            if not ISSUER_DOMAIN_RE.fullmatch(domain):
                 raise ValueError(f"{domain!r} is not a valid RFC 8659 issuer-domain-name")
         object.__setattr__(self, "domains", domains)
         object.__setattr__(self, "account_uri", self.account_uri or None)
@@ -164,11 +92,6 @@ class CaaVerdict:
     reason: str
 
 
-CaaLookup = Callable[[str], Awaitable[CaaAnswerSet]]
-"""Returns the CNAME and CAA records in the answer to a CAA query for a name."""
-
-
-
 def _quote(text: str) -> str:
     """Untrusted DNS data, rendered short and escaped for messages."""
     if len(text) <= _PREVIEW_CHARS:
@@ -181,62 +104,6 @@ def _short(text: str) -> str:
     if len(text) <= _PARAM_PREVIEW_CHARS:
         return text
     return f"{text[:_PARAM_PREVIEW_CHARS]}..."
-
-
-def _escape_character_string(value: str) -> str:
-    out = []
-    for char in value:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable() and char.isascii():
-            out.append(char)
-        else:
-            out.extend(f"\\{byte:03d}" for byte in char.encode("utf-8", "surrogatepass"))
-    return "".join(out)
-
-
-
-@dataclass(frozen=True)
-class IssueValue:
-    """A parsed ``issue``/``issuewild`` value: issuer-domain as written (``""``
-    for ``";"``) and its parameters in order, tags as written."""
-
-    issuer: str
-    params: tuple[tuple[str, str], ...]
-
-
-def parse_issue_value(value: str) -> IssueValue | None:
-    """Parse an ``issue``/``issuewild`` value (RFC 8659 §4.2), ``None`` if malformed.
-
-    Mirrors Boulder's ``parseCAARecord``: split on ``;``, whitespace (space,
-    tab) trimmed; one empty parameter after the domain is allowed
-    (``letsencrypt.org;``), any other parameter must be ``tag=value`` with an
-    alphanumeric tag and a value of printable ASCII without ``;``. A malformed
-    parameter makes the whole value malformed (it authorizes nothing). Unlike
-    Boulder, the issuer-domain is checked against the RFC 8659 grammar too,
-    which changes no verdict (a malformed domain never equals the CA's), only
-    the message.
-    """
-    issuer, *params = value.split(";")
-    issuer = issuer.strip(_WSP)
-    if issuer and not _ISSUER_DOMAIN_RE.fullmatch(issuer):
-        return None
-    if len(params) == 1 and not params[0].strip(_WSP):
-        params = []
-    parsed: list[tuple[str, str]] = []
-    for param in params:
-        tag, equals, param_value = param.partition("=")
-        tag, param_value = tag.strip(_WSP), param_value.strip(_WSP)
-        if (
-            not equals
-            or not _PARAM_TAG_RE.fullmatch(tag)
-            or not _PARAM_VALUE_RE.fullmatch(param_value)
-        ):
-            return None
-        parsed.append((tag, param_value))
-    # Kept as written: Boulder compares issuer domains byte for byte
-    # (va/caa.go caaDomainMatches: caaDomain == issuerDomain).
-    return IssueValue(issuer, tuple(parsed))
 
 
 def _param_values(value: IssueValue, tag: str) -> list[str]:
@@ -352,7 +219,7 @@ def _decide(
     elif named:
         reason = f"{where} allows only {others}"
     elif empty:
-        shown = _escape_character_string(empty[0])
+        shown = escape_character_string(empty[0])
         reason = f'{where} forbids all certificate issuance ({tag} "{shown}")'
     else:
         reason = f"{where} has only malformed {tag} values, which authorize no CA"
@@ -401,68 +268,6 @@ def caa_allows(
     return verdict
 
 
-def caa_lookup_names(hostname: str) -> list[str]:
-    """The names whose CAA RRsets are consulted: the name, then each parent up to the TLD."""
-    labels = _canonical(hostname).split(".")
-    return [".".join(labels[i:]) for i in range(len(labels)) if labels[i]]
-
-
-def _relevant_set(hostname: str, name: str, answer: CaaAnswerSet) -> CaaSet | None:
-    """The CAA RRset of ``name`` in one answer, its CNAME chain followed; ``None`` if empty.
-
-    The chain starts at ``name`` and follows the answer's CNAME records (the
-    first one per owner; a loop ends it). CAA records owned by a name off the
-    chain are ignored; the set is owned by the last name of the chain that owns
-    any (in valid DNS only the end of the chain can own CAA records).
-    """
-    targets: dict[str, str] = {}
-    for cname in answer.cnames:
-        targets.setdefault(_canonical(cname.owner), _canonical(cname.target))
-    chain = [name]
-    while (target := targets.get(chain[-1])) is not None and target not in chain:
-        chain.append(target)
-    owned: dict[str, list[CaaRecord]] = {}
-    for caa in answer.caa:
-        owner = _canonical(caa.owner)
-        if owner in chain:
-            owned.setdefault(owner, []).append(caa.record)
-    if not owned:
-        return None
-    end = max(chain.index(owner) for owner in owned)
-    records = [r for owner in chain[: end + 1] for r in owned.get(owner, [])]
-    return CaaSet(hostname, name, tuple(chain[: end + 1]), tuple(records))
-
-
-async def find_caa_set(hostname: str, lookup: CaaLookup) -> CaaSet | None:
-    """The relevant CAA RRset for ``hostname`` (RFC 8659 §3, as Boulder reads it).
-
-    Asks ``lookup`` for the hostname, then each of the hostname's own parents
-    up to the TLD (never the root, never the alias target's parents); the first
-    name whose answer holds CAA records on its CNAME chain decides. An answer
-    with only the chain (NODATA at the target) is an empty set: the climb goes
-    on. ``None`` when no name has any.
-
-    Raises ``DnsCheckError(ACME_TEMPORARY)`` when a lookup fails (SERVFAIL,
-    timeout): a failed lookup could hide a denying set, but it is no denial.
-    Its ``expected`` is empty (no CA is judged here; :func:`check_caa` fills it).
-    """
-    host = _canonical(hostname)
-    for name in caa_lookup_names(host):
-        try:
-            answer = await lookup(name)
-        except DnsLookupError as exc:
-            applies = "" if name == host else f" (applies to {host})"
-            raise DnsCheckError(
-                ErrorCode.ACME_TEMPORARY,
-                f"CAA lookup for {name} failed: {exc.reason}{applies}",
-                found=[],
-            ) from exc
-        found = _relevant_set(host, name, answer)
-        if found is not None:
-            return found
-    return None
-
-
 async def check_caa(
     hostname: str, issuer: CaaIssuer | str, lookup: CaaLookup
 ) -> CaaVerdict:
@@ -489,14 +294,6 @@ async def check_caa(
             expected=caa_issuer.expected,
         )
     return verdict
-
-
-def caa_reading(found: CaaSet | None) -> str:
-    """The deciding CAA set as we read it, in one line that changes when the answer
-    does (records sorted: the order a resolver lists them in means nothing)."""
-    if found is None:
-        return "no CAA records up to the TLD"
-    return f"{found.location}: " + "; ".join(sorted(r.to_text() for r in found.records))
 
 
 @dataclass(frozen=True)
@@ -559,31 +356,3 @@ async def allowed_issuers(
         found=[r.to_text() for r in found.records],
         expected=expected,
     )
-
-
-
-def parse_caa_response(response: dns.message.Message) -> CaaAnswerSet:
-    """The CNAME and CAA records (class IN, any owner) in a CAA response's answer section.
-
-    A resolver answering a CAA query for an alias puts the CNAME chain first,
-    then the CAA RRset of its last name (none: NODATA at the target); a DNAME
-    comes with the CNAME it synthesizes, which is what the chain follows.
-    Which records count is :func:`find_caa_set`'s business.
-    """
-    answers: list[CaaAnswer] = []
-    for rrset in rrsets(response, dns.rdatatype.CAA):
-        owner = rrset.name.to_text(omit_final_dot=True)
-        for rdata in rrset:
-            if not isinstance(rdata, dns.rdtypes.ANY.CAA.CAA):
-                continue
-            record = CaaRecord(
-                flags=rdata.flags,
-                # Tags are ASCII by spec; values are arbitrary octets.
-                # backslashreplace keeps odd bytes visible (and malformed).
-                tag=rdata.tag.decode("ascii", "backslashreplace"),
-                value=rdata.value.decode("utf-8", "backslashreplace"),
-            )
-            answers.append(CaaAnswer(owner, record))
-    return CaaAnswerSet(cnames=cname_answers(response), caa=answers)
-
-

@@ -22,21 +22,17 @@ Boulder is the specification (``va/http.go`` ``processHTTPValidation``,
 - The body is read up to 128 bytes (128 or more is refused), trailing Unicode
   white space trimmed (Go's ``unicode.IsSpace``), and compared byte for byte.
 
-A failure is :class:`Http01Unreachable` carrying the CA's own detail text for
-it (``203.0.113.7: Fetching http://…: Connection refused``) and a short
-``reason`` for metrics. Multi-perspective validation (Let's Encrypt also
-fetches from remote vantage points) is not modelled: one vantage point, the
-worker's.
+Each GET is ``http01_exchange``'s. A failure is :class:`Http01Unreachable`
+carrying the CA's own detail text for it (``203.0.113.7: Fetching http://…:
+Connection refused``) and a short ``reason`` for metrics. Multi-perspective
+validation (Let's Encrypt also fetches from remote vantage points) is not
+modelled: one vantage point, the worker's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import http.client
 import ipaddress
-import socket
-import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -45,15 +41,21 @@ from functools import cache
 from publicsuffixlist import PublicSuffixList
 
 from certflow.dns.checks import DnsChecker
+from certflow.dns.http01_exchange import (
+    MAX_RESPONSE_SIZE,
+    Answer,
+    DialError,
+    Refused,
+    exchange,
+    ip_literal,
+)
 from certflow.dns.lookup import DnsLookupError
 from certflow.errors import ProvisioningError, ErrorCode
 from certflow.dns.reserved import AddressPolicy, IPAddress
 
 CHALLENGE_PATH = "/.well-known/acme-challenge/"
 MAX_REDIRECTS = 10  # maxRedirect
-MAX_RESPONSE_SIZE = 128  # maxResponseSize
 MAX_PATH_SIZE = 2000  # maxPathSize
-DIAL_TIMEOUT = 10.0  # the VA's singleDialTimeout
 FETCH_DEADLINE = 20.0
 """The whole fetch, every hop and the fallback included (the CA's validation
 deadline; Boulder's comes from its RPC timeout)."""
@@ -61,7 +63,6 @@ HTTPS_PORT = 443
 ALLOWED_REDIRECTS = frozenset({301, 302, 307, 308})
 _GO_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 """The codes Go's HTTP client treats as redirects (and asks the VA's policy about)."""
-_USER_AGENT = "certflow-http01-check"
 
 # Go's unicode.IsSpace: Latin-1 space characters and the Unicode White_Space property.
 _GO_SPACE = frozenset(
@@ -82,31 +83,6 @@ class Http01Unreachable(ProvisioningError):
 
     def details(self) -> dict[str, object]:
         return {**super().details(), "reason": self.reason}
-
-
-class _DialError(Exception):
-    """Nothing accepted the connection (Go: a net.OpError with Op "dial")."""
-
-    def __init__(self, detail: str, reason: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.reason = reason
-
-
-class _Refused(Exception):
-    """The fetch failed for a reason that ends it (no fallback)."""
-
-    def __init__(self, detail: str, reason: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int
-    location: str | None
-    body: bytes
 
 
 @dataclass
@@ -177,82 +153,12 @@ def _where(address: IPAddress, port: int) -> str:
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
-def _dial_detail(err: OSError) -> tuple[str, str]:
-    if isinstance(err, TimeoutError | socket.timeout):
-        return "Timeout during connect (likely firewall problem)", "timeout"
-    if err.errno == errno.ECONNREFUSED:
-        return "Connection refused", "connection_refused"
-    if err.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):
-        return "Network unreachable", "network_unreachable"
-    if err.errno == errno.ECONNRESET:
-        return "Connection reset by peer", "connection_reset"
-    return "Error getting validation data", "other"
-
-
-def _exchange(
-    scheme: str, address: IPAddress, port: int, host: str, target: str, deadline: float
-) -> _Answer:
-    """One GET, as Go's transport with the VA's pre-resolved dialer makes it."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise _Refused("Timeout after connect (your server may be slow or overloaded)", "timeout")
-    try:
-        sock = socket.create_connection((str(address), port), timeout=min(DIAL_TIMEOUT, remaining))
-    except OSError as err:
-        raise _DialError(*_dial_detail(err)) from None
-    try:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        if scheme == "https":
-            context = ssl.create_default_context()
-            context.check_hostname = False  # a server without its certificate yet
-            context.verify_mode = ssl.CERT_NONE
-            literal = _ip_literal(host)
-            try:
-                sock = context.wrap_socket(sock, server_hostname=None if literal else host)
-            except ssl.SSLError as err:
-                if "WRONG_VERSION_NUMBER" in str(err) or "wrong version number" in str(err):
-                    raise _Refused("Server only speaks HTTP, not TLS", "tls") from None
-                raise _Refused(f"remote error: tls: {err.reason or err}", "tls") from None
-        connection = http.client.HTTPConnection(str(address), port)
-        connection.sock = sock
-        try:
-            connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
-            connection.putheader("Host", host)
-            connection.putheader("User-Agent", _USER_AGENT)
-            connection.putheader("Accept", "*/*")
-            connection.endheaders()
-            response = connection.getresponse()
-            body = response.read(MAX_RESPONSE_SIZE) if response.status == 200 else b""
-            return _Answer(response.status, response.getheader("Location"), body)
-        finally:
-            connection.close()
-    except (TimeoutError, socket.timeout):
-        raise _Refused(
-            "Timeout after connect (your server may be slow or overloaded)", "timeout"
-        ) from None
-    except http.client.RemoteDisconnected:  # a ConnectionResetError, but Go sees EOF
-        raise _Refused("Error getting validation data", "other") from None
-    except ConnectionResetError:
-        raise _Refused("Connection reset by peer", "connection_reset") from None
-    except (OSError, http.client.HTTPException):
-        raise _Refused("Error getting validation data", "other") from None
-    finally:
-        sock.close()
-
-
 def _host_header(parts: urllib.parse.SplitResult) -> str:
     """Go's Host header: the URL's host, with its port only when the URL names one."""
     host = (parts.hostname or "").lower()
     if ":" in host:
         host = f"[{host}]"
     return f"{host}:{parts.port}" if parts.port is not None else host
-
-
-def _ip_literal(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
 
 
 class Http01Fetcher:
@@ -281,13 +187,13 @@ class Http01Fetcher:
         try:
             try:
                 body = await self._fetch(url, target, seen, deadline)
-            except _DialError as err:
+            except DialError as err:
                 # Only a dial error falls back (fallbackErr), once, to the first A.
                 if not target.advance():
                     raise
                 seen.fetched_from.append(f"{seen.last_address} did not connect: {err.detail}")
                 body = await self._fetch(url, target, seen, deadline)
-        except (_DialError, _Refused) as err:
+        except (DialError, Refused) as err:
             prefix = f"{seen.last_address}: " if seen.last_address is not None else ""
             raise Http01Unreachable(prefix + err.detail, err.reason) from None
         payload = trimmed_payload(body)
@@ -304,7 +210,7 @@ class Http01Fetcher:
         """The addresses to try for host: the first AAAA with the first A as its
         fallback, or the one family there is (``getAddrs`` and
         ``newHTTPValidationTarget``). Raises Http01Unreachable for DNS."""
-        literal = _ip_literal(host)
+        literal = ip_literal(host)
         if literal is not None:
             target = _Target(host, port, [literal])
             target.advance()
@@ -342,19 +248,19 @@ class Http01Fetcher:
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             try:
                 answer = await asyncio.to_thread(
-                    _exchange, parts.scheme, address, port, _host_header(parts), path, deadline
+                    exchange, parts.scheme, address, port, _host_header(parts), path, deadline
                 )
-            except _DialError as err:
-                raise _DialError(f"Fetching {url}: {err.detail}", err.reason) from None
-            except _Refused as err:
-                raise _Refused(f"Fetching {url}: {err.detail}", err.reason) from None
+            except DialError as err:
+                raise DialError(f"Fetching {url}: {err.detail}", err.reason) from None
+            except Refused as err:
+                raise Refused(f"Fetching {url}: {err.detail}", err.reason) from None
             if answer.status in _GO_REDIRECTS and answer.location:
                 url, address, port = await self._redirect(url, answer, seen, deadline)
                 continue
             if answer.status != 200:
-                raise _Refused(f"Invalid response from {url}: {answer.status}", "status")
+                raise Refused(f"Invalid response from {url}: {answer.status}", "status")
             if len(answer.body) >= MAX_RESPONSE_SIZE:
-                raise _Refused(
+                raise Refused(
                     f"Invalid response from {url}: {go_quote(answer.body.decode('utf-8', 'replace'))}",
                     "body_too_large",
                 )
@@ -362,13 +268,13 @@ class Http01Fetcher:
             return answer.body
 
     async def _redirect(
-        self, url: str, answer: _Answer, seen: _Validation, deadline: float
+        self, url: str, answer: Answer, seen: _Validation, deadline: float
     ) -> tuple[str, IPAddress, int]:
         """The VA's redirect policy (``processRedirect``): where to go next."""
         location = answer.location or ""
 
-        def refuse(detail: str) -> _Refused:
-            return _Refused(f"Fetching {location}: {detail}", "redirect")
+        def refuse(detail: str) -> Refused:
+            return Refused(f"Fetching {location}: {detail}", "redirect")
 
         if seen.redirects > MAX_REDIRECTS:
             raise refuse("Too many redirects")
@@ -405,7 +311,7 @@ class Http01Fetcher:
                 f"Invalid host in redirect target {go_quote(host)}. "
                 "Check webserver config for missing '/' in redirect target."
             )
-        literal = _ip_literal(host)
+        literal = ip_literal(host)
         if literal is not None:
             if "%" in host:
                 raise refuse("Invalid host in redirect target: contains scope zone")

@@ -1,0 +1,179 @@
+"""Finalizing an order at one CA and storing what it issued (finalize_and_store).
+
+A new private key is generated, encrypted and bound to the order in Postgres
+before finalize, and never leaves this module (SPEC §5): a retry pairs the
+certificate with the stored key, and an order finalized with no stored key is
+given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from acme import messages
+from acme import client as acme_client
+from cryptography import x509
+from temporalio import activity
+
+from certflow.acme.ari import fetch_renewal_info, next_check, renewal_info_url
+from certflow.acme.exchange import FAST_POLL_FIRST, FAST_POLL_MAX, IssuerExchange
+from certflow.activity_payloads import FinalizeInput, IssuedCertificate, RenewalAdvice
+from certflow.crypto import (
+    CertificateInfo,
+    DecryptionError,
+    certificate_info,
+    generate_private_key,
+    load_private_key,
+    make_csr,
+    private_key_to_pem,
+    public_key_matches,
+    split_fullchain,
+)
+from certflow.errors import AcmeProblemError, ErrorCode
+from certflow.models import AcmeStatus
+from certflow.store import issued
+
+FINALIZE_WAIT = 30.0
+FIRST_RENEWAL_INFO_TIMEOUT = 5.0  # inside finalize's 10 s heartbeat timeout
+
+
+def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
+    return IssuedCertificate(
+        serial_hex=info.serial_hex,
+        not_before=info.not_before,
+        not_after=info.not_after,
+        ari_window_start=window.window_start,
+        ari_window_end=window.window_end,
+        issued_at=datetime.now(timezone.utc),
+    )
+
+
+class OrderFinalization(IssuerExchange):
+    """finalize_and_store at one CA."""
+
+    # -- finalize_and_store --------------------------------------------------
+
+    async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
+        stored = await issued.issued_by_order(
+            self._pool, input.certificate_id, input.order_url
+        )
+        if stored is not None:  # an earlier attempt committed
+            stored_leaf, stored_window = stored
+            return _issued(certificate_info(stored_leaf), stored_window)
+        order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
+        status = order.get("status")
+        encrypted = await issued.load_pending_key(
+            self._pool, input.certificate_id, input.order_url
+        )
+        if status == AcmeStatus.READY:
+            if encrypted is None:
+                key = generate_private_key(self._key_type)
+                encrypted = self._key.encrypt(private_key_to_pem(key))
+                if not await issued.store_pending_key(
+                    self._pool, input.certificate_id, input.order_url, encrypted
+                ):
+                    raise AcmeProblemError(
+                        code=ErrorCode.ACME_INVALID_ORDER,
+                        message="the order is no longer the certificate's open order",
+                    )
+            else:
+                key = self._decrypt_key(encrypted)
+            csr = make_csr(key, input.hostname)
+            finalize_url = str(order["finalize"])
+            await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
+        elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
+            if encrypted is None:
+                # Finalized with a key that was never stored: nothing can pair it.
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_INVALID_ORDER,
+                    message="the order was finalized without a stored key; a new order is needed",
+                )
+            key = self._decrypt_key(encrypted)
+        elif status == AcmeStatus.INVALID:
+            raise await self._invalid_order(order)
+        else:
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
+            )
+
+        certificate_url = await self._wait_until_issued(input.order_url)
+        fullchain = await self._call(lambda client: self._download(client, certificate_url))
+        leaf, chain = split_fullchain(fullchain)
+        if not public_key_matches(leaf, key):
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_INVALID_ORDER,
+                message="the issued certificate does not match the stored key",
+            )
+        info = certificate_info(leaf)
+        window = await self._first_renewal_info(leaf)
+        if not await issued.store_issued(
+            self._pool,
+            input.certificate_id,
+            input.order_url,
+            leaf,
+            chain,
+            info,
+            window,
+            next_check(window) if window.window_start is not None else None,
+        ):
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_INVALID_ORDER,
+                message="the certificate row moved on before the certificate could be stored",
+            )
+        return _issued(info, window)
+
+    async def _first_renewal_info(self, leaf_pem: str) -> RenewalAdvice:
+        """The new certificate's ARI window, asked once before it is stored (best
+        effort, short): the workflow then sleeps straight to it, and the sweep's first
+        look finds nothing moved — no signal, no extra workflow task per renewal."""
+        base_url = self._clients.account.directory_json.get("renewalInfo")
+        url = renewal_info_url(str(base_url), leaf_pem) if base_url else None
+        if url is None:
+            return RenewalAdvice()
+        activity.heartbeat()
+        return await fetch_renewal_info(
+            self._clients, self._executor, url, timeout=FIRST_RENEWAL_INFO_TIMEOUT
+        )
+
+    def _decrypt_key(self, encrypted: bytes) -> Any:
+        try:
+            return load_private_key(self._key.decrypt(encrypted))
+        except DecryptionError as err:
+            raise AcmeProblemError(code=ErrorCode.ACME_TEMPORARY, message=str(err)) from None
+
+    def _begin_finalize(self, client: acme_client.ClientV2, finalize_url: str, csr: bytes) -> None:
+        request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
+        try:
+            client.net.post(finalize_url, request, new_nonce_url=self._clients.new_nonce_url)
+        except messages.Error as err:
+            # A repeated finalize (activity retry) finds the order already processing.
+            if err.code not in ("orderNotReady", "malformed"):
+                raise
+
+    async def _wait_until_issued(self, order_url: str) -> str:
+        deadline = time.monotonic() + FINALIZE_WAIT
+        interval = FAST_POLL_FIRST
+        while True:
+            fetched = await self._poll(order_url)
+            order = fetched.body
+            activity.heartbeat()
+            if order.get("status") == AcmeStatus.VALID and order.get("certificate"):
+                return str(order["certificate"])
+            if order.get("status") == AcmeStatus.INVALID:
+                raise await self._invalid_order(order)
+            if time.monotonic() >= deadline:
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_TEMPORARY,
+                    message=f"order still {order.get('status')} {FINALIZE_WAIT:.0f}s after finalize",
+                )
+            await asyncio.sleep(max(interval, fetched.retry_after or 0.0))
+            interval = min(interval * 1.5, FAST_POLL_MAX)
+
+    def _download(self, client: acme_client.ClientV2, certificate_url: str) -> str:
+        response = client.net.post(
+            certificate_url, None, new_nonce_url=self._clients.new_nonce_url
+        )
+        return str(response.text)

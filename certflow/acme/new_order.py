@@ -1,0 +1,254 @@
+"""Opening an order at one CA: new-order, held back while a cooldown applies, one
+at a time per order slot of the account, naming the certificate a renewal
+``replaces`` (RFC 9773 §5) when the CA takes it; then place_order's row write.
+
+Orders are not idempotent (SPEC §7): once new-order answered, a short fault is
+retried here rather than by the activity, which would open a second order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from acme import messages
+from acme import client as acme_client
+from acme.client import _renewal_info_path_component  # acme's RFC 9773 certificate id
+from cryptography import x509
+from josepy import json_util
+from temporalio import activity
+
+from certflow.acme.client import classify_acme_failure
+from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
+from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
+from certflow.acme.slots import NoOrderSlotError, order_slot
+from certflow.activity_payloads import OpenedOrder, PlaceOrderInput
+from certflow.errors import AcmeProblemError, ErrorCode, ProvisioningError
+from certflow.models import LimitScope, OrderKind, ValidationMethod
+from certflow.store import accounts, attempts, certificates, cooldowns
+
+AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
+ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
+BUSY_SLOTS_RETRY_SECONDS = 5.0
+REPLACES_FAILING_FOR_SECONDS = 3600.0
+
+
+class RenewalOrder(messages.NewOrder):
+    """A new order that may name the certificate it replaces (RFC 9773 §5)."""
+
+    replaces: str | None = json_util.field("replaces", omitempty=True)
+
+
+class NewOrders(IssuerExchange):
+    """create_order and place_order at one CA."""
+
+    # -- create_order ------------------------------------------------------
+
+    async def new_order(
+        self,
+        hostname: str,
+        kind: OrderKind = OrderKind.NEW,
+        certificate_id: str | None = None,
+        methods: Sequence[ValidationMethod] = (),
+    ) -> OpenedOrder:
+        """Send new-order, unless a cooldown in a scope that applies holds this kind of
+        order back; at most ``max_orders_in_flight`` at a time for the account. A
+        renewal names the certificate it replaces (RFC 9773 §5) when the CA takes
+        it; refused, it is sent once more without."""
+        await self._raise_if_held(hostname, kind)
+        replaces = None
+        if kind is not OrderKind.NEW and certificate_id is not None:
+            replaces = await self._replaces(certificate_id)
+        try:
+            async with order_slot(
+                self._pool,
+                self._directory_url,
+                self._pacing.max_orders_in_flight,
+                timeout=ORDER_SLOT_WAIT,
+            ):
+                # A refusal may have come while this order waited for its slot.
+                await self._raise_if_held(hostname, kind)
+                return await self._send_new_order(hostname, replaces, certificate_id, methods)
+        except NoOrderSlotError as err:
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_RATE_LIMITED,
+                message=f"waiting for a new-order slot of the account: {err}",
+                retry_after_seconds=BUSY_SLOTS_RETRY_SECONDS,
+            ) from None
+
+    async def _raise_if_held(self, hostname: str, kind: OrderKind) -> None:
+        """ACME_RATE_LIMITED when a cooldown in a scope that applies holds this kind of
+        order back: nothing is sent into a bucket known to be empty."""
+        held = cooldowns.longest(await self._cooldowns_for(hostname, kind))
+        if held is None:
+            return
+        remaining = max(0.0, held.until.timestamp() - time.time())
+        where = "this account" if held.scope is LimitScope.ACCOUNT else f"{held.scope_key}"
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_RATE_LIMITED,
+            message=(
+                f"the CA is rate-limiting new orders for {where} until"
+                f" {held.until.isoformat()}: {held.detail or held.limit_name}"
+            ),
+            problem_type=held.problem_type or "",
+            detail=held.detail or "",
+            retry_after_seconds=remaining,
+            limit_scope=str(held.scope),
+            limit_name=held.limit_name,
+        )
+
+    async def _send_new_order(
+        self,
+        hostname: str,
+        replaces: str | None,
+        certificate_id: str | None,
+        methods: Sequence[ValidationMethod] = (),
+    ) -> OpenedOrder:
+        try:
+            return await self._call(
+                lambda client: self._open_order(client, hostname, replaces, methods),
+                hostname=hostname,
+            )
+        except AcmeProblemError as err:
+            if replaces is None:
+                raise
+            refusal = replaces_refusal(err.problem_type, err.detail, err.http_status)
+            if refusal is None:
+                raise
+            malformed = problem_suffix(err.problem_type) == "malformed"
+            if refusal is ReplacesRefusal.TEMPORARY:
+                if certificate_id is not None:
+                    await attempts.note_replaces_failing(self._pool, certificate_id)
+                raise AcmeProblemError(
+                    code=ErrorCode.ACME_TEMPORARY,
+                    message=f"the CA could not check `replaces` (retrying with it later): {err.detail}",
+                    problem_type=err.problem_type,
+                    detail=err.detail,
+                    http_status=err.http_status,
+                ) from None
+            activity.logger.warning(
+                "the CA refused `replaces` (%s); ordering once without it",
+                refusal,
+                extra={"detail": err.detail, "problem_type": err.problem_type},
+            )
+        order = await self._call(
+            lambda client: self._open_order(client, hostname, None, methods), hostname=hostname
+        )
+        if refusal is ReplacesRefusal.FIELD and malformed:
+            # Our certID is well-formed and the order went through without it: this
+            # CA rejects the field. Renewals go without it for a day, then ask again.
+            self._clients.replaces_refused_until = await accounts.refuse_replaces(
+                self._pool, self._directory_url
+            )
+        return order
+
+    async def _replaces(self, certificate_id: str) -> str | None:
+        """The RFC 9773 certID of the certificate a renewal replaces, when the CA has
+        ARI and takes ``replaces`` now — unless the CA has failed to check it for
+        this certificate for over REPLACES_FAILING_FOR_SECONDS (a 5xx each time): no
+        refusal blocks a renewal."""
+        if not self._clients.takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
+            return None
+        current = await attempts.replaced_certificate(self._pool, certificate_id)
+        if current is None:
+            return None
+        if current.failing_for_seconds > REPLACES_FAILING_FOR_SECONDS:
+            activity.logger.warning(
+                "the CA has failed to check `replaces` for %.0f s; renewing without it",
+                current.failing_for_seconds,
+            )
+            return None
+        return str(
+            _renewal_info_path_component(x509.load_pem_x509_certificate(current.leaf_pem.encode()))
+        )
+
+    def _open_order(
+        self,
+        client: acme_client.ClientV2,
+        hostname: str,
+        replaces: str | None,
+        methods: Sequence[ValidationMethod] = (),
+    ) -> OpenedOrder:
+        new_order = RenewalOrder(
+            identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=hostname)],
+            profile=self._profile or None,
+            replaces=replaces,
+        )
+        response = client.net.post(
+            client.directory["newOrder"], new_order, new_nonce_url=self._clients.new_nonce_url
+        )
+        order = messages.Order.from_json(response.json())
+        order_url = response.headers["Location"]
+        authorization_url = order.authorizations[0]
+        authz = self._fetch_authorization(client, authorization_url)
+        # An unknown type (dns-persist-01 to acme 5.9) is an UnrecognizedChallenge,
+        # whose class has no ``typ``: the type is in its JSON.
+        offered = {str(challb.to_partial_json().get("type")): challb for challb in authz.challenges}
+        wanted = list(methods) or [ValidationMethod.HTTP_01]
+        for method in wanted:
+            challb = offered.get(str(method))
+            if challb is None:
+                continue
+            token = challb.chall.encode("token") if hasattr(challb.chall, "token") else ""
+            return OpenedOrder(
+                order_url=order_url,
+                authorization_url=authorization_url,
+                challenge_url=challb.uri,
+                token=token,
+                key_authorization=self._clients.key_authorization(token) if token else "",
+                replaces=replaces,
+                method=None if method is ValidationMethod.HTTP_01 and not methods else method,
+            )
+        names = ", ".join(str(m) for m in wanted)
+        raise AcmeProblemError(
+            code=ErrorCode.ACME_REJECTED,
+            message=f"the CA {self.name} offers no {names} challenge for {hostname}"
+            f" (it offers {', '.join(sorted(offered)) or 'none'})",
+        )
+
+    def _fetch_authorization(
+        self, client: acme_client.ClientV2, authorization_url: str
+    ) -> messages.Authorization:
+        """The CA created the order when new-order answered, and orders are not
+        idempotent (SPEC §7): a short fault fetching its authorization is retried
+        here, because a retry of the whole activity would open a second order."""
+        deadline = time.monotonic() + AUTHZ_FETCH_BUDGET
+        delay = FAST_POLL_MAX
+        while True:
+            try:
+                authorization: messages.Authorization = messages.Authorization.from_json(
+                    self._post_as_get(client, authorization_url).body
+                )
+                return authorization
+            except Exception as exc:
+                err = classify_acme_failure(exc)
+                wait = max(delay, err.retry_after_seconds or 0.0)
+                if err.code is ErrorCode.ACME_INVALID_ORDER or time.monotonic() + wait > deadline:
+                    raise
+            time.sleep(wait)  # on the executor thread, like the exchange itself
+            delay = min(delay * 2, 2.0)
+
+    # -- place_order -------------------------------------------------------
+
+    async def place(self, input: PlaceOrderInput) -> OpenedOrder:
+        # Only a retry can find an order of its own on the row (the workflow calls this
+        # when the row had none), so a first try spends no read on it.
+        if activity.info().attempt > 1:
+            stored = await certificates.stored_open_order(self._pool, input.certificate_id)
+            if stored is not None:
+                return stored
+        if input.issuer is not None:
+            await attempts.choose_issuer(
+                self._pool, input.certificate_id, self.name, input.issuer_reason
+            )
+        order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
+        # Committed before anything asks the CA to validate, so the responder can
+        # answer its first request.
+        reason = input.method_reason
+        if reason is not None and input.methods and order.method is not input.methods[0]:
+            reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
+        if not await certificates.persist_challenge(self._pool, input.certificate_id, order, reason):
+            raise ProvisioningError(
+                code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
+            )
+        return order
