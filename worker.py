@@ -41,7 +41,7 @@ from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
 from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
-from activities.webhooks import WebhookActivities
+from activities.webhooks import Readiness, WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.errors import CaUnreachableError, ConfigError
@@ -173,7 +173,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 client,
                 requests_per_second=settings.acme_polls_per_second,
             ),
-            *webhook_activities(settings),
+            *webhook_activities(settings, dns.readiness),
         ),
         max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
         # Each certificate is a chain of short workflow tasks: five fixed pollers
@@ -269,11 +269,11 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
         await pool.close()
 
 
-def webhook_activities(settings: Settings) -> list[WebhookActivities]:
+def webhook_activities(settings: Settings, readiness: Readiness) -> list[WebhookActivities]:
     if not settings.webhook_url or settings.webhook_secret is None:
         return []
     secret = settings.webhook_secret.get_secret_value().encode()
-    return [WebhookActivities(settings.webhook_url, secret)]
+    return [WebhookActivities(settings.webhook_url, secret, readiness=readiness)]
 
 
 async def main() -> int:

@@ -12,12 +12,17 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Awaitable, Callable
 
 import requests
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from certflow.models import MethodReadiness
 from certflow.workflow_payloads import WebhookEvent
+
+Readiness = Callable[[str], Awaitable[list[MethodReadiness]]]
+"""Each validation method's readiness for a hostname (DnsChecker.readiness)."""
 
 SIGNATURE_HEADER = "Certflow-Signature"
 
@@ -41,16 +46,26 @@ def verify(secret: bytes, header: str, body: bytes, tolerance_seconds: float = 3
 
 
 class WebhookActivities:
-    """Delivers events to the configured URL."""
+    """Delivers events to the configured URL; a ``not_ready`` event gets what the
+    customer adds for each method, read when it is sent."""
 
-    def __init__(self, url: str, secret: bytes, verify_tls: str | bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        secret: bytes,
+        verify_tls: str | bool = True,
+        readiness: Readiness | None = None,
+    ) -> None:
         self._url = url
         self._secret = secret
         self._verify_tls = verify_tls
+        self._readiness = readiness
 
     @activity.defn(name="deliver_webhook")
     async def deliver_webhook(self, event: WebhookEvent) -> None:
         """POST the event; any failure is retried by the caller's policy, 410 ends it."""
+        if event.event == "not_ready" and self._readiness is not None:
+            event = event.model_copy(update={"methods": await self._readiness(event.hostname)})
         body = json.dumps(event.model_dump(mode="json"), sort_keys=True).encode()
         headers = {
             "Content-Type": "application/json",

@@ -245,7 +245,8 @@ class ReconcileResult(Frozen):
 
 
 class WebhookEvent(Frozen):
-    """What the product receives for issued, renewed, failed, expiring_soon and canceled."""
+    """What the product receives for issued, renewed, failed, expiring_soon,
+    canceled, transferred, abandoned, departed and not_ready."""
 
     event_id: str
     event: str
@@ -261,3 +262,7 @@ class WebhookEvent(Frozen):
     """The CA of the certificate (issued, renewed) or of the attempt (failed)."""
     issuer_reason: str | None = None
     """Why that CA rather than the first configured one (CAA, a fallback)."""
+    methods: list[MethodReadiness] | None = None
+    """For ``not_ready``: each validation method, ready or not, and the record the
+    customer adds for it, as ``check`` finds them when the webhook is sent (the
+    delivery fills it in; the workflow's event never carries it)."""

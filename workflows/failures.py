@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
 from workflows.base import CertificateBase
 from workflows.patches import (
     GIVE_UP_PATCH,
+    NOT_READY_WEBHOOK_PATCH,
     BOUNDED_COOLDOWN_WAIT_PATCH,
     COOLDOWN_SPREAD_PATCH,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
@@ -89,6 +90,13 @@ class FailureHandling(CertificateBase):
             await self._withdraw_dns01(record)  # the order is abandoned: its TXT goes too
         if applied and outcome.status is CertificateStatus.FAILED:
             await self._notify("failed")
+        elif (
+            applied
+            and failure.code in NOT_READY_CODES
+            and outcome.error_code is not record.error_code  # once per reason, not per re-check
+            and workflow.patched(NOT_READY_WEBHOOK_PATCH)
+        ):
+            await self._notify("not_ready")
         return applied
 
     def _fallback_reason(

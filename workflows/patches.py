@@ -38,6 +38,11 @@ ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
 replacement, given such a window again, waits for the sweep's next answer."""
 AT_ONCE_AGE = timedelta(hours=1)
 """A certificate this young whose ARI window is open renews at once."""
+NOT_READY_WEBHOOK_PATCH = "not-ready-webhook"
+"""A ``not_ready`` webhook when a hostname starts waiting for the customer (no
+validation method ready, ownership unproven) or waits for another reason than
+before: the product tells the customer what to add without polling ``status``.
+Branch in workflows/failures.py (``_record_failure``)."""
 GIVE_UP_PATCH = "give-up"
 """A never-issued hostname with no validation method ready for PENDING_TIMEOUT_DAYS is
 CANCELED (ABANDONED); an expired one no longer routed to us (DEPARTED) stops

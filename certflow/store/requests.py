@@ -15,6 +15,7 @@ from certflow.store.certificates import RECORD_COLUMNS, record_of
 OWNED_ELSEWHERE = "refused: requested by another tenant"
 """The message of the event a refused request leaves on the hostname's row."""
 
+
 async def transfer(
     pool: asyncpg.Pool, certificate_id: str, to_tenant: str
 ) -> tuple[str | None, CertificateRecord] | None:
@@ -47,6 +48,7 @@ async def transfer(
             f"transferred to tenant {to_tenant}" + (f" from {before}" if before else ""),
         )
     return before, record_of(row)
+
 
 async def request_certificates(
     pool: asyncpg.Pool,

@@ -1,4 +1,5 @@
-"""Signed webhooks for the product: issued, renewed, canceled, retried durably, stopped by 410."""
+"""Signed webhooks for the product: issued, renewed, canceled, not_ready with the
+records to add, retried durably, stopped by 410."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from activities.webhooks import SIGNATURE_HEADER, verify
 from certflow.client import CertflowClient
 from certflow.contract import webhook_workflow_id
 from devstack import servers
-from tests.e2e.conftest import WEBHOOK_SECRET, Deployment, WebhookAttempt, WebhookReceiver
+from tests.e2e.conftest import CNAME_TARGET, WEBHOOK_SECRET, Deployment, WebhookAttempt, WebhookReceiver
 from tests.leaks import key_needles, scan_bytes
 
 pytestmark = pytest.mark.e2e
@@ -60,6 +61,31 @@ async def test_issued_renewed_and_canceled_are_delivered_signed(
         assert verify(WEBHOOK_SECRET.encode(), headers[SIGNATURE_HEADER], body)
         assert not verify(b"another secret", headers[SIGNATURE_HEADER], body)
         assert not scan_bytes(body, key_needles(*servers.captured_keys(deployment.key_capture)))
+
+
+async def test_not_ready_tells_the_customer_what_to_add(
+    deployment: Deployment, client: CertflowClient, webhooks: WebhookReceiver
+) -> None:
+    """A hostname requested before its CNAME exists: one ``not_ready`` (PENDING,
+    DNS_CNAME) whose ``methods`` name the record to add, read by the worker when it
+    was sent; the CNAME added and ``retry`` pressed, ``issued`` follows.
+
+    Shown red: with the readiness not passed to WebhookActivities in worker.py,
+    ``methods`` was null."""
+    hostname = deployment.bare_hostname("hooks-late")
+    await client.request([hostname], tenant_id="tenant-late")
+    assert await _events(webhooks, hostname, 1) == ["not_ready"]
+    [(_, event)] = webhooks.events_for(hostname)
+    assert event["status"] == "PENDING" and event["error_code"] == "DNS_CNAME", event
+    listed = event["methods"]
+    assert isinstance(listed, list), event
+    methods = {m["method"]: m for m in listed}
+    assert methods["http-01"]["ready"] is False, event
+    assert methods["http-01"]["record"] == {"name": hostname, "type": "CNAME", "value": CNAME_TARGET}
+    deployment.pebble.set_cname(hostname, CNAME_TARGET)
+    await client.retry(hostname)
+    assert await _events(webhooks, hostname, 2) == ["not_ready", "issued"]
+    await client.cancel(hostname)
 
 
 # workflows/webhooks.py: RetryPolicy(initial_interval=timedelta(seconds=5), ...) of the

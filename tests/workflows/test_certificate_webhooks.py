@@ -1,5 +1,5 @@
 """Webhook events from the Certificate workflow: expiring_soon during a failing
-renewal, and canceled, each handed to a WebhookDelivery child (issued and
+renewal, not_ready while the customer's DNS is not ready, and canceled, each handed to a WebhookDelivery child (issued and
 renewed are covered end to end in tests/e2e/test_webhooks.py).
 
 Each test gets a time-skipping server of its own: a WebhookDelivery child is
@@ -24,13 +24,17 @@ from temporalio.worker import Worker
 
 from certflow.contract import CERTIFICATE_WORKFLOW
 from certflow.workflow_payloads import CertificateInput, CertificateState, WebhookEvent
+from certflow.errors import ErrorCode
 from tests.workflows.fakes import (
+    DEFAULT,
     FAST_POLICY,
     HOSTNAME,
     Fakes,
     Run,
     acme_temporary_error,
     active_row,
+    app_error,
+    dns_cname_error,
 )
 from workflows.certificate import CertificateWorkflow
 from tests.workflows.conftest import find_test_server
@@ -137,3 +141,55 @@ async def _deliveries(
         if loop.time() >= deadline:
             pytest.fail(f"{count} deliveries expected, got {[e.event for e, _ in delivered]}")
         await asyncio.sleep(0.02)
+
+
+async def test_not_ready_is_sent_once_per_reason_while_waiting_for_the_customer(
+    own_env: WorkflowEnvironment,
+) -> None:
+    """A hostname whose CNAME is missing for three checks, then whose ownership is
+    unproven for two, then ready: one ``not_ready`` per reason (DNS_CNAME, then
+    OWNERSHIP_UNVERIFIED), each PENDING with its code, then ``issued``.
+
+    Shown red: with the ``outcome.error_code is not record.error_code`` guard
+    removed from workflows/failures.py, every re-check sent one."""
+    policy = FAST_POLICY.model_copy(update={"webhooks": True})
+
+    async def check_dns(index: int, _: Any) -> Any:
+        if index < 3:
+            raise dns_cname_error()
+        if index < 5:
+            raise app_error(ErrorCode.OWNERSHIP_UNVERIFIED, f"no proof at _certflow.{HOSTNAME}")
+        return DEFAULT  # the fake's own verdict
+
+    fakes = Fakes(own_env, policy=policy, behaviours={"check_dns": check_dns})
+    delivered: list[tuple[WebhookEvent, Any]] = []
+
+    @activity.defn(name="deliver_webhook")
+    async def deliver_webhook(event: WebhookEvent) -> None:
+        delivered.append((event, None))
+
+    task_queue = f"webhooks-{uuid.uuid4()}"
+    async with Worker(
+        own_env.client,
+        task_queue=task_queue,
+        workflows=[CertificateWorkflow, WebhookDeliveryWorkflow],
+        activities=[*fakes.activities(), deliver_webhook],
+    ):
+        handle: WorkflowHandle[Any, CertificateState] = await own_env.client.start_workflow(
+            CERTIFICATE_WORKFLOW,
+            CertificateInput(hostname=HOSTNAME),
+            id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
+            task_queue=task_queue,
+            result_type=CertificateState,
+        )
+        run = Run(own_env, fakes, handle)
+        while len(fakes.of("check_dns")) < 5:  # the re-checks, 1, 2, 4 and 8 minutes apart
+            await own_env.sleep(timedelta(minutes=10))
+        await run.signal("retry")  # the customer fixed it and pressed "verify"
+        await run.until_active()
+        await _deliveries(delivered, 3)
+    events = [e for e, _ in delivered]
+    assert [e.event for e in events] == ["not_ready", "not_ready", "issued"], events
+    assert [str(e.error_code) for e in events[:2]] == ["DNS_CNAME", "OWNERSHIP_UNVERIFIED"]
+    assert all(e.status.value == "PENDING" for e in events[:2])
+    assert len(fakes.of("check_dns")) == 6
