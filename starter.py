@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from certflow.cli import main
+from certflow.cli import exit_process, main
 
 
 def demo(argv: list[str]) -> int:
@@ -40,4 +40,6 @@ def demo(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(demo(sys.argv[2:]) if sys.argv[1:2] == ["demo"] else main())
+    if sys.argv[1:2] == ["demo"]:
+        sys.exit(demo(sys.argv[2:]))
+    exit_process(main())

@@ -12,8 +12,10 @@ setting, within certflow.connections' bound).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from certflow.hostnames import (
     InvalidHostnameError,
@@ -100,3 +102,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from certflow.commands import run
 
     return run(args)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the command's process with ``code``, output flushed, without the
+    interpreter's teardown: the Temporal client's Rust threads can abort a
+    finalizing interpreter ("PyGILState_Release: thread state … must be current",
+    temporalio/sdk-python#300), turning a command that succeeded into exit -6."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def entry_point() -> NoReturn:
+    """The installed ``certflow`` command."""
+    exit_process(main())
