@@ -12,6 +12,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -52,6 +53,37 @@ async def own_env() -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
+@asynccontextmanager
+async def _certificate(
+    env: WorkflowEnvironment,
+    fakes: Fakes,
+    delivered: list[tuple[WebhookEvent, Any]],
+    tenant_id: str | None = None,
+) -> AsyncIterator[Run]:
+    """A Certificate workflow on a worker whose deliver_webhook appends each event
+    (with the test server's time) to ``delivered``."""
+
+    @activity.defn(name="deliver_webhook")
+    async def deliver_webhook(event: WebhookEvent) -> None:
+        delivered.append((event, await env.get_current_time()))
+
+    task_queue = f"webhooks-{uuid.uuid4()}"
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[CertificateWorkflow, WebhookDeliveryWorkflow],
+        activities=[*fakes.activities(), deliver_webhook],
+    ):
+        handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
+            CERTIFICATE_WORKFLOW,
+            CertificateInput(hostname=HOSTNAME, tenant_id=tenant_id),
+            id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
+            task_queue=task_queue,
+            result_type=CertificateState,
+        )
+        yield Run(env, fakes, handle)
+
+
 async def test_expiring_soon_is_sent_once_when_renewal_keeps_failing(
     own_env: WorkflowEnvironment,
 ) -> None:
@@ -81,26 +113,7 @@ async def test_expiring_soon_is_sent_once_when_renewal_keeps_failing(
     )
     fakes.row.tenant_id = "t-1"
     delivered: list[tuple[WebhookEvent, Any]] = []
-
-    @activity.defn(name="deliver_webhook")
-    async def deliver_webhook(event: WebhookEvent) -> None:
-        delivered.append((event, await own_env.get_current_time()))
-
-    task_queue = f"webhooks-{uuid.uuid4()}"
-    async with Worker(
-        own_env.client,
-        task_queue=task_queue,
-        workflows=[CertificateWorkflow, WebhookDeliveryWorkflow],
-        activities=[*fakes.activities(), deliver_webhook],
-    ):
-        handle: WorkflowHandle[Any, CertificateState] = await own_env.client.start_workflow(
-            CERTIFICATE_WORKFLOW,
-            CertificateInput(hostname=HOSTNAME, tenant_id="t-1"),
-            id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
-            task_queue=task_queue,
-            result_type=CertificateState,
-        )
-        run = Run(own_env, fakes, handle)
+    async with _certificate(own_env, fakes, delivered, tenant_id="t-1") as run:
         await run.until_active()
         await run.sleep_until(t0 + timedelta(days=3, hours=12))
         assert [e.event for e, _ in delivered] == []  # renewing, failing, not yet close
@@ -163,26 +176,7 @@ async def test_not_ready_is_sent_once_per_reason_while_waiting_for_the_customer(
 
     fakes = Fakes(own_env, policy=policy, behaviours={"check_dns": check_dns})
     delivered: list[tuple[WebhookEvent, Any]] = []
-
-    @activity.defn(name="deliver_webhook")
-    async def deliver_webhook(event: WebhookEvent) -> None:
-        delivered.append((event, None))
-
-    task_queue = f"webhooks-{uuid.uuid4()}"
-    async with Worker(
-        own_env.client,
-        task_queue=task_queue,
-        workflows=[CertificateWorkflow, WebhookDeliveryWorkflow],
-        activities=[*fakes.activities(), deliver_webhook],
-    ):
-        handle: WorkflowHandle[Any, CertificateState] = await own_env.client.start_workflow(
-            CERTIFICATE_WORKFLOW,
-            CertificateInput(hostname=HOSTNAME),
-            id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
-            task_queue=task_queue,
-            result_type=CertificateState,
-        )
-        run = Run(own_env, fakes, handle)
+    async with _certificate(own_env, fakes, delivered) as run:
         while len(fakes.of("check_dns")) < 5:  # the re-checks, 1, 2, 4 and 8 minutes apart
             await own_env.sleep(timedelta(minutes=10))
         await run.signal("retry")  # the customer fixed it and pressed "verify"
