@@ -37,6 +37,7 @@ from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
 from certflow.dns.http01_fetch import Http01Fetcher
 from activities.preflight import PreflightActivities
+from activities.obtain import ObtainActivities
 from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
 from activities.records import RecordActivities
@@ -123,6 +124,32 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         require_ownership=settings.require_ownership,
         persist_issuers=frozenset(i.name for i in issuers.items if i.dns_persist),
     )
+    preflight = PreflightActivities(
+        pool,
+        dns,
+        Http01Fetcher(
+            dns,
+            port=settings.http01_self_check_port,
+            addresses=settings.http01_address_policy,
+        ),
+        metrics,
+    )
+    acme = AcmeActivities(
+        Issuers(
+            issuer_clients,
+            pool,
+            encryption_key,
+            settings.acme_key_type,
+            executor,
+            metrics,
+            OrderPacing(
+                max_orders_in_flight=settings.max_new_orders_in_flight,
+                polls_per_second=settings.acme_polls_per_second,
+            ),
+        ),
+        pool,
+        metrics,
+    )
     worker = Worker(
         client,
         task_queue=settings.task_queue,
@@ -136,32 +163,9 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         activities=registry.bound(
             RecordActivities(pool, policy, settings.managed_base_domain),
             DnsActivities(dns, metrics, pool),
-            PreflightActivities(
-                pool,
-                dns,
-                Http01Fetcher(
-                    dns,
-                    port=settings.http01_self_check_port,
-                    addresses=settings.http01_address_policy,
-                ),
-                metrics,
-            ),
-            AcmeActivities(
-                Issuers(
-                    issuer_clients,
-                    pool,
-                    encryption_key,
-                    settings.acme_key_type,
-                    executor,
-                    metrics,
-                    OrderPacing(
-                        max_orders_in_flight=settings.max_new_orders_in_flight,
-                        polls_per_second=settings.acme_polls_per_second,
-                    ),
-                ),
-                pool,
-                metrics,
-            ),
+            preflight,
+            acme,
+            ObtainActivities(acme, preflight),
             RetentionActivities(pool, settings.events_retention_days),
             ReconcileActivities(
                 pool, client, settings.task_queue, settings.reconcile_interval_seconds

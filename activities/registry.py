@@ -15,6 +15,7 @@ from typing import Any
 
 from activities.acme import AcmeActivities
 from activities.dns import DnsActivities
+from activities.obtain import ObtainActivities
 from activities.preflight import PreflightActivities
 from activities.reconcile import ReconcileActivities
 from activities.records import RecordActivities
@@ -43,6 +44,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
     AcmeActivities.accept_challenge: "asking the CA to validate",
     AcmeActivities.wait_for_order: "polling the order",
     AcmeActivities.finalize_and_store: "finalizing and storing the certificate",
+    ObtainActivities.validate_order: "checking the challenge as the CA will, asking the CA to validate, polling the order",
     AcmeActivities.renewal_info: "asking the CA when to renew (ARI)",
     AcmeActivities.deactivate_authorizations: "deactivating the open authorization",
     AcmeActivities.revoke_certificate: "revoking the certificate",

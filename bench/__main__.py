@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime
 import json
 import os
@@ -30,7 +31,7 @@ from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
 from bench.scale import run_scale
-from bench.snapshot import code_version, snapshot
+from bench.snapshot import code_version, snapshot, snapshot_of
 from bench.stack import Stack, start_stack
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
@@ -59,6 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
     parser.add_argument("--repeats", type=int, help="sequential single requests at N=1 (default 7; quick 3)")
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--compare", metavar="REF",
+        help="also run each certflow size on the product as committed at REF (git), just before"
+        " the tree's: a before/after measured side by side in one run",
+    )
     parser.add_argument(
         "--precompile", action="store_true",
         help="write .pyc for the code snapshot the workers run (A/B for the bytecode finding)",
@@ -95,11 +101,21 @@ def run_baselines(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
-async def run_certflow(stack: Stack, args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
+async def run_certflow(
+    stack: Stack, args: argparse.Namespace, workdir: Path
+) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any]]:
     pg = await PgStats.connect(stack.stats_url, stack.statements)
     try:
         sizes: dict[str, Any] = {}
+        before: dict[str, Any] = {}
         for n in args.sizes:
+            if args.compare:
+                await asyncio.to_thread(stack.wait_machine_quiet, f"certflow N={n} at {args.compare}")
+                log(f"certflow N={n} at {args.compare}")
+                old = dataclasses.replace(
+                    stack, code=snapshot_of(args.compare, workdir / "code-before", args.precompile)
+                )
+                before[str(n)] = await run_size(old, pg, n, workdir / f"before-n{n}", args.repeats, log)
             await asyncio.to_thread(stack.wait_machine_quiet, f"certflow N={n}")
             log(f"certflow N={n}")
             started = time.monotonic()
@@ -112,7 +128,7 @@ async def run_certflow(stack: Stack, args: argparse.Namespace, workdir: Path) ->
             started = time.monotonic()
             idle = await run_idle(stack, pg, args.idle, args.idle_seconds, workdir / "idle", log)
             idle["phase_seconds"] = round(time.monotonic() - started, 1)
-        return sizes, idle
+        return sizes, idle, before
     finally:
         await pg.close()
 
@@ -192,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_baselines:
             stack.wait_machine_quiet("baselines")
         found_baselines = {} if args.skip_baselines else run_baselines(stack, args)
-        sizes, idle = asyncio.run(run_certflow(stack, args, workdir))
+        sizes, idle, before = asyncio.run(run_certflow(stack, args, workdir))
     finally:
         stack.stop(drop_databases=not args.keep)
         if not args.keep and args.workdir is None:
@@ -216,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "certflow": sizes,
         "idle": idle,
     }
+    if args.compare:
+        result["before"] = {"ref": args.compare, "certflow": before}
     result["ratios"] = report.ratios(found_baselines, sizes)
     result["targets"] = report.targets(found_baselines, sizes, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)

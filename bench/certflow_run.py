@@ -208,6 +208,7 @@ async def run_size(
             "worker_peak_rss_mb": _r(dep.worker_peak_rss_mb(), 1),
             "worker_rss_mb_after": _r(dep.worker_rss_mb(), 1),
             "cpu_percent_during_issuance": procstat.cpu_percent(cpu_before, cpu_active),
+            "cpu_seconds_per_cert": procstat.cpu_seconds_per(cpu_before, cpu_active, len(measured)),
             "pg_counting": "pg_stat_statements (top-level calls)" if full_delta.statements is not None
             else "pg_stat_database xact_commit (transactions; no pg_stat_statements)",
             "pg_per_cert_to_parked": full_delta.per(len(measured)),

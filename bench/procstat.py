@@ -112,3 +112,13 @@ def cpu_percent(before: CpuSample, after: CpuSample) -> dict[str, float]:
     ours = sum(v for k, v in percent.items() if k != "machine")
     percent["others"] = round(max(0.0, percent["machine"] - ours), 2)
     return percent
+
+
+def cpu_seconds_per(before: CpuSample, after: CpuSample, count: int) -> dict[str, float]:
+    """Per process tree: CPU seconds over the interval divided by ``count`` (per
+    certificate), ``machine`` left out."""
+    return {
+        name: round((after.seconds[name] - before.seconds.get(name, 0.0)) / max(count, 1), 4)
+        for name in after.seconds
+        if name != "machine"
+    }

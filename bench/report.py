@@ -103,8 +103,29 @@ def targets(baselines: dict[str, Any], certflow: dict[str, Any], idle: dict[str,
     return found
 
 
+def cpu_split(run: dict[str, Any]) -> str:
+    """CPU seconds per certificate: worker + Temporal + Postgres = their sum."""
+    cpu = run.get("cpu_seconds_per_cert")
+    if not cpu:
+        return "-"
+    parts = [cpu.get(name) or 0.0 for name in ("worker", "temporal", "postgres")]
+    return "+".join(f"{p:.3f}" for p in parts) + f" = {sum(parts):.3f}"
+
+
+def _certflow_row(label: str, run: dict[str, Any]) -> tuple[str, ...]:
+    lat = run["time_to_active_seconds"]
+    pg = run["pg_per_cert_to_parked"]
+    stmt = pg["statements"] if pg["statements"] is not None else pg["xact_commit"]
+    return (label, _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(run["wall_seconds"], 2),
+            _fmt(run["certs_per_second"], 2), _fmt(run["worker_peak_rss_mb"], 1), _fmt(stmt, 1),
+            _fmt(run["temporal"]["events_per_cert_to_active"], 0), cpu_split(run))
+
+
 def table(result: dict[str, Any]) -> str:
-    header = ("", "p50 s", "p95 s", "wall s", "certs/s", "peak RSS MB", "PG stmt/cert", "events/cert")
+    header = (
+        "", "p50 s", "p95 s", "wall s", "certs/s", "peak RSS MB", "PG stmt/cert", "events/cert",
+        "CPU s/cert worker+temporal+pg",
+    )
     rows: list[tuple[str, ...]] = [header]
     for mode in ("plain", "floor"):
         base = result["baselines"].get(mode)
@@ -115,15 +136,13 @@ def table(result: dict[str, Any]) -> str:
                 continue
             lat = trial["seconds_per_cert"]
             rows.append((f"{mode} ({label})", _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(trial["wall_seconds"], 2),
-                         _fmt(trial["certs_per_second"], 2), "-", "-", "-"))
+                         _fmt(trial["certs_per_second"], 2), "-", "-", "-", "-"))
+    before = result.get("before") or {}
     for n, run in result["certflow"].items():
-        lat = run["time_to_active_seconds"]
-        pg = run["pg_per_cert_to_parked"]
-        stmt = pg["statements"] if pg["statements"] is not None else pg["xact_commit"]
-        label = f"certflow N={n}" + (f" (x{run['repeats']} runs)" if n == "1" else "")
-        rows.append((label, _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(run["wall_seconds"], 2),
-                     _fmt(run["certs_per_second"], 2), _fmt(run["worker_peak_rss_mb"], 1), _fmt(stmt, 1),
-                     _fmt(run["temporal"]["events_per_cert_to_active"], 0)))
+        old = (before.get("certflow") or {}).get(n)
+        if old is not None:
+            rows.append(_certflow_row(f"certflow N={n} at {before['ref']}", old))
+        rows.append(_certflow_row(f"certflow N={n}" + (f" (x{run['repeats']} runs)" if n == "1" else ""), run))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))

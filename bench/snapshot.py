@@ -50,3 +50,16 @@ def snapshot(dest: Path, precompile: bool = False) -> Path:
     if precompile:
         compileall.compile_dir(dest, quiet=1)
     return dest
+
+
+def snapshot_of(ref: str, dest: Path, precompile: bool = False) -> Path:
+    """The product files as committed at ``ref`` (``--compare``: the "before" of a
+    side-by-side run), copied into ``dest``; returns it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", ref, "--", *PRODUCT], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    if precompile:
+        compileall.compile_dir(dest, quiet=1)
+    return dest

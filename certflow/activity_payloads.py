@@ -182,6 +182,17 @@ class IssuedCertificate(Frozen):
     """When it was stored (None in histories from before it was kept)."""
 
 
+class ValidateOrderInput(Frozen):
+    """The order's validation in one activity (workflows of the fewer-round-trips
+    design): the self-check of the challenge, then the accept and the fast poll."""
+
+    wait: WaitForOrderInput
+    certificate_id: str
+    hostname: str
+    self_check: bool = False
+    """Fetch the persisted challenge as the CA will before accepting it."""
+
+
 class Outcome(Frozen):
     """What a failed attempt does to the row (SPEC §4)."""
 

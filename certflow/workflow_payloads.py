@@ -42,6 +42,10 @@ class CertificateInput(Frozen):
     policy: ProvisioningPolicy | None = None
     """Set by certflow itself on the continue-as-new after an issuance: the new run
     starts from ``carried`` and this policy without reading the row again."""
+    design: int | None = None
+    """Set by certflow itself on continue-as-new: the design the workflow's runs
+    follow (workflows/patches.py, FEWER_ROUND_TRIPS_DESIGN); None: decided by the
+    first run."""
 
 
 class CaaDisagreement(Frozen):

@@ -5,8 +5,9 @@ sleeps that signals cut short, webhooks, and what the next run is handed."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
@@ -31,11 +32,18 @@ with workflow.unsafe.imports_passed_through():
     )
     from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
+    from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
     from workflows.steps import (
         BEST_EFFORT,
         POSTGRES,
+        POSTGRES_LOCAL,
         run,
+        run_local,
     )
+
+S = TypeVar("S")
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class CertificateBase:
@@ -101,13 +109,32 @@ class CertificateBase:
             parent_close_policy=ParentClosePolicy.ABANDON,
         )
 
+    def _patched(self, patch: str) -> bool:
+        """``workflow.patched`` for the patches of workflows/patches.py up to
+        FEWER_ROUND_TRIPS_PATCH: applied without a marker in runs of that design."""
+        return self._state.design >= FEWER_ROUND_TRIPS_DESIGN or workflow.patched(patch)
+
+    @property
+    def _fewer_round_trips(self) -> bool:
+        return self._state.design >= FEWER_ROUND_TRIPS_DESIGN
+
+    async def _postgres(self, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
+        """A step that only touches Postgres: local in runs of the fewer-round-trips
+        design (a marker, no task of its own), a regular activity when Postgres has
+        not answered it within a minute or in older runs."""
+        if self._fewer_round_trips:
+            try:
+                return await run_local(POSTGRES_LOCAL, activity, arg)
+            except ActivityError:
+                workflow.logger.warning("Postgres did not answer a local step: retrying it as an activity")
+        return await run(POSTGRES, activity, arg)
+
     async def _read_row(
         self, tenant_id: str | None, method: RequestedMethod | None = None
     ) -> None:
         """The row and the worker's policy, read (the row made if missing; a method
         the workflow's input asked for becomes the row's)."""
-        ensured = await run(
-            POSTGRES,
+        ensured = await self._postgres(
             RecordActivities.ensure_certificate,
             EnsureCertificateInput(hostname=self._state.hostname, tenant_id=tenant_id, method=method),
         )
@@ -188,6 +215,7 @@ class CertificateBase:
             carried=record,
             waits=waits,
             policy=self._state.policy if after_issuance else None,
+            design=FEWER_ROUND_TRIPS_DESIGN,
         )
 
     async def _give_up(self, status: CertificateStatus, code: ErrorCode, message: str) -> bool:

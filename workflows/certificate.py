@@ -41,6 +41,8 @@ from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
 from workflows.patches import (
     BOUNDED_HISTORY_PATCH,
+    FEWER_ROUND_TRIPS_DESIGN,
+    FEWER_ROUND_TRIPS_PATCH,
     FOLLOW_MOVED_ROW_PATCH,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
 )
@@ -60,6 +62,11 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
+        self._state.design = (
+            input.design
+            if input.design is not None
+            else FEWER_ROUND_TRIPS_DESIGN if workflow.patched(FEWER_ROUND_TRIPS_PATCH) else 1
+        )
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
         if not self._state.after_issuance:
@@ -72,7 +79,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 return await self._end(Phase.CANCELED)
             if (
                 workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
-                and workflow.patched(BOUNDED_HISTORY_PATCH)
+                and self._patched(BOUNDED_HISTORY_PATCH)
             ):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._next_run_input(carry_waits=True))
@@ -95,7 +102,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
             except AttemptFailed as failure:
                 self._state.dns_failures = self._state.dns_failures + 1 if failure.code in RECHECK_CODES else 0
                 if not await self._record_failure(failure, self._state.policy):
-                    if not workflow.patched(FOLLOW_MOVED_ROW_PATCH):
+                    if not self._patched(FOLLOW_MOVED_ROW_PATCH):
                         return await self._end(Phase.ROW_MOVED_ON)
                     if not await self._follow_moved_row(renewal):
                         return await self._end(Phase.ROW_GONE)

@@ -10,6 +10,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from activities.acme import AcmeActivities
     from activities.dns import DnsActivities
+    from activities.obtain import ObtainActivities
     from activities.preflight import PreflightActivities
     from activities.records import RecordActivities
     from certflow.errors import ErrorCode
@@ -34,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         OpenedOrder,
         PersistChallengeInput,
         PlaceOrderInput,
+        ValidateOrderInput,
         WaitForOrderInput,
     )
     from certflow.workflow_payloads import ProvisioningPolicy
@@ -53,6 +55,8 @@ with workflow.unsafe.imports_passed_through():
         failure_of,
         order_wait,
         run,
+        run_local,
+        validate_order,
     )
 
 from workflows.base import CertificateBase
@@ -81,9 +85,9 @@ class Obtaining(CertificateBase):
                 allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
                 if not record.skips_dns:
                     self._enter(Phase.CHECKING_DNS)
-                    verdict: DnsVerdict | None = await run(
-                        DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname)
-                    )
+                    verdict: DnsVerdict | None = await (
+                        run_local if self._fewer_round_trips else run
+                    )(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname))
                     if verdict is not None:  # None in histories from before issuers
                         allowed = verdict.allowed_issuers
                         self._state.caa_reading = verdict.caa_reading
@@ -93,7 +97,7 @@ class Obtaining(CertificateBase):
                     allowed = self._not_disagreeing(allowed)
                 self._choose_issuer(record, allowed, policy)
                 self._enter(Phase.CREATING_ORDER)
-                accept_first = workflow.patched(PLACE_ORDER_PATCH)
+                accept_first = self._patched(PLACE_ORDER_PATCH)
                 if accept_first:
                     order = await run(
                         CA,
@@ -146,11 +150,12 @@ class Obtaining(CertificateBase):
                     # The accept may have failed unanswered (or been answered before this
                     # run): the activity reads the challenge and POSTs only if pending.
                     accept_first = accept_unsure = True
-            if (
+            self_check = (
                 self_check
                 and policy.http01_self_check
-                and workflow.patched(HTTP01_SELF_CHECK_PATCH)
-            ):
+                and self._patched(HTTP01_SELF_CHECK_PATCH)
+            )
+            if self_check and not self._fewer_round_trips:  # else validate_order's first step
                 self._enter(Phase.CHECKING_HTTP01)
                 await run(
                     DNS,
@@ -166,7 +171,9 @@ class Obtaining(CertificateBase):
                     Dns01ChallengeInput(certificate_id=record.certificate_id, hostname=record.hostname),
                 )
                 self._check_stop()
-            await self._wait_for_order(order_url, challenge_url, policy, accept_first, accept_unsure)
+            await self._wait_for_order(
+                record.certificate_id, order_url, challenge_url, policy, accept_first, accept_unsure, self_check
+            )
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
             issued = await run(
@@ -268,32 +275,46 @@ class Obtaining(CertificateBase):
 
     async def _wait_for_order(
         self,
+        certificate_id: str,
         order_url: str,
         challenge_url: str | None,
         policy: ProvisioningPolicy,
         accept_first: bool = False,
         accept_unsure: bool = False,
+        self_check: bool = False,
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:
-        never again once the CA answered (SPEC §3 step 5)."""
+        never again once the CA answered (SPEC §3 step 5). In runs of the
+        fewer-round-trips design that activity self-checks the challenge first."""
         attempt = 0
         while True:
             self._check_stop()
             self._enter(Phase.POLLING_ORDER)
             accepting = accept_first and attempt == 0
-            progress = await run(
-                order_wait(policy.order_fast_poll_seconds),
-                AcmeActivities.wait_for_order,
-                WaitForOrderInput(
-                    order_url=order_url,
-                    challenge_url=challenge_url,
-                    within_seconds=policy.order_fast_poll_seconds,
-                    accept_first=accepting,
-                    issuer=self._state.issuer,
-                    accept_unsure=accepting and accept_unsure,
-                ),
+            wait = WaitForOrderInput(
+                order_url=order_url,
+                challenge_url=challenge_url,
+                within_seconds=policy.order_fast_poll_seconds,
+                accept_first=accepting,
+                issuer=self._state.issuer,
+                accept_unsure=accepting and accept_unsure,
             )
+            if self._fewer_round_trips:
+                progress = await run(
+                    validate_order(policy.order_fast_poll_seconds),
+                    ObtainActivities.validate_order,
+                    ValidateOrderInput(
+                        wait=wait,
+                        certificate_id=certificate_id,
+                        hostname=self._state.hostname,
+                        self_check=self_check and attempt == 0,
+                    ),
+                )
+            else:
+                progress = await run(
+                    order_wait(policy.order_fast_poll_seconds), AcmeActivities.wait_for_order, wait
+                )
             if accepting:
                 self._state.accepted_challenge = challenge_url
             if progress.status in ISSUABLE:
@@ -306,7 +327,7 @@ class Obtaining(CertificateBase):
             if (
                 workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
                 and self._state.stop is None
-                and workflow.patched(BOUNDED_ORDER_POLL_PATCH)
+                and self._patched(BOUNDED_ORDER_POLL_PATCH)
             ):
                 # An order the CA keeps pending for days (an incident): the next run
                 # goes on polling it from the row, never accepting it again.

@@ -48,3 +48,13 @@ GIVE_UP_PATCH = "give-up"
 CANCELED (ABANDONED); an expired one no longer routed to us (DEPARTED) stops
 re-checking DEPARTED_RETENTION_DAYS after it expired. Branches in
 workflows/failures.py (``_wait_after``) and workflows/renew.py (``_expire_if_lapsed``)."""
+FEWER_ROUND_TRIPS_PATCH = "fewer-round-trips"
+"""Taken once, on a workflow's first run: its runs follow FEWER_ROUND_TRIPS_DESIGN
+(``RunState.design``, carried over continue-as-new in ``CertificateInput.design``):
+the Postgres steps and the DNS check run as local activities, the self-check and
+the order wait as one activity (``validate_order``), and every patch
+above counts as applied without its marker (``CertificateBase._patched``). About
+half the history events and workflow tasks of an issuance. Patches added after it
+call ``workflow.patched`` as before."""
+FEWER_ROUND_TRIPS_DESIGN = 2
+"""The design of runs started by code with FEWER_ROUND_TRIPS_PATCH (1: before it)."""

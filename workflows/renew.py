@@ -44,7 +44,7 @@ class Renewing(CertificateBase):
     async def _wait_for_renewal(self) -> bool:
         """Sleep until the renewal time, or renew/stop; True when it is time to renew
         (False: the history grew long, the next run goes on waiting)."""
-        if self._state.after_issuance or workflow.patched(RENEWAL_INFO_SWEEP_PATCH):
+        if self._state.after_issuance or self._patched(RENEWAL_INFO_SWEEP_PATCH):
             return await self._sleep_until_renewal()
         await self._ask_and_wait_for_renewal()
         return True
@@ -67,7 +67,7 @@ class Renewing(CertificateBase):
                     if (
                         self._state.renewed_at_once
                         and not self._state.ari_hold_released
-                        and workflow.patched(ARI_ONCE_PER_WINDOW_PATCH)
+                        and self._patched(ARI_ONCE_PER_WINDOW_PATCH)
                     ):
                         await self._hold_at_once_window(fraction)
                         continue
@@ -182,13 +182,12 @@ class Renewing(CertificateBase):
         record = self._record
         self._state.renew_requested = False
         self._enter(Phase.RENEWING)
-        renewing = await run(POSTGRES, RecordActivities.begin_renewal, record.certificate_id)
+        renewing = await self._postgres(RecordActivities.begin_renewal, record.certificate_id)
         self._set_record(record.model_copy(
             update={"status": CertificateStatus.RENEWING if renewing else record.status}
         ))
         if not renewing:
-            refreshed = await run(
-                POSTGRES,
+            refreshed = await self._postgres(
                 RecordActivities.ensure_certificate,
                 EnsureCertificateInput(hostname=record.hostname, tenant_id=record.tenant_id),
             )
@@ -203,7 +202,7 @@ class Renewing(CertificateBase):
         ):
             if await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id):
                 self._set_record(record.model_copy(update={"status": CertificateStatus.EXPIRED}))
-                if record.error_code in NOT_READY_CODES and workflow.patched(GIVE_UP_PATCH):
+                if record.error_code in NOT_READY_CODES and self._patched(GIVE_UP_PATCH):
                     # It expired while the hostname no longer routed to us: departed.
                     self._state.departed_at = workflow.now()
                     await self._give_up(

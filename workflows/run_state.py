@@ -44,6 +44,8 @@ class RunState:
     """The row as this run knows it. Carried over a continue-as-new, so queries and
     updates are answered right away in the new run, before the row is read again."""
     policy: ProvisioningPolicy = field(default_factory=ProvisioningPolicy)
+    design: int = 1
+    """The design this workflow's runs follow (workflows/patches.py)."""
     after_issuance: bool = False
     """This run follows an issuance: started by code that has every patch, and with
     the search attributes of the carried row (continue-as-new copies them)."""

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.registry import CERTIFICATE_ACTIVITIES
@@ -34,6 +35,7 @@ class Step:
     start_to_close: timedelta
     retry: RetryPolicy
     heartbeat: timedelta | None = None
+    schedule_to_close: timedelta | None = None
 
 
 # Postgres steps retry until Postgres is back: nothing is decided by their failure.
@@ -42,6 +44,12 @@ POSTGRES = Step(
     RetryPolicy(
         initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=10)
     ),
+)
+# The same as a local activity, for a minute: past it the workflow runs the step as
+# a regular activity, whose retries add nothing to the history (a local one's past
+# its first minute each add a timer and a workflow task).
+POSTGRES_LOCAL = Step(
+    POSTGRES.start_to_close, POSTGRES.retry, schedule_to_close=timedelta(seconds=60)
 )
 # Short faults (resets, 5xx, badNonce, timeouts, a DNS resolver's SERVFAIL) are
 # absorbed for a few seconds before they count as one failed attempt; every other
@@ -68,6 +76,41 @@ def order_wait(fast_poll_seconds: float) -> Step:
     return Step(
         timedelta(seconds=fast_poll_seconds + 30), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10)
     )
+
+
+def validate_order(fast_poll_seconds: float) -> Step:
+    """validate_order: the self-check (up to 20 s), then wait_for_order's poll."""
+    return Step(
+        timedelta(seconds=fast_poll_seconds + 50), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10)
+    )
+
+
+async def run_local(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
+    """Run a short activity of the workflow as a local activity: its result is one
+    marker in the workflow task that asked for it, no task of its own. It fails
+    as a regular one does, with an ActivityError (the SDK raises a local
+    activity's failure bare)."""
+    try:
+        result: R = await workflow.execute_local_activity_method(
+            activity,
+            arg,
+            start_to_close_timeout=step.start_to_close,
+            schedule_to_close_timeout=step.schedule_to_close,
+            retry_policy=step.retry,
+            summary=CERTIFICATE_ACTIVITIES[activity],
+        )
+    except (ApplicationError, TemporalTimeout) as failure:
+        error = ActivityError(
+            "local activity failed",
+            scheduled_event_id=0,
+            started_event_id=0,
+            identity="",
+            activity_type=getattr(activity, "__name__", "local activity"),
+            activity_id="",
+            retry_state=None,
+        )
+        raise error from failure
+    return result
 
 
 async def run(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:

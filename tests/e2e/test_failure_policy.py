@@ -312,9 +312,9 @@ async def test_429_without_retry_after_is_an_hour_until_an_operator_clears_it(
 
 
 ABSORBED = {
-    "order 503,500": (Endpoint.ORDER, [Fault.unavailable(), Fault.server_error()], "wait_for_order"),
+    "order 503,500": (Endpoint.ORDER, [Fault.unavailable(), Fault.server_error()], "validate_order"),
     "finalize 503,500": (Endpoint.FINALIZE, [Fault.unavailable(), Fault.server_error()], "finalize_and_store"),
-    "challenge 500,503": (Endpoint.CHALLENGE, [Fault.server_error(), Fault.unavailable()], "wait_for_order"),
+    "challenge 500,503": (Endpoint.CHALLENGE, [Fault.server_error(), Fault.unavailable()], "validate_order"),
     "finalize dropped": (Endpoint.FINALIZE, [Fault.dropped()], "finalize_and_store"),
 }
 

@@ -77,6 +77,7 @@ from certflow.contract import DOMAIN_CHECK_WORKFLOW
 from devstack import realdns, servers
 from devstack.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns
+from tests.history_events import activities_run
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState
@@ -871,14 +872,10 @@ async def test_a_redirect_the_ca_refuses_is_caught_before_the_ca(
 
 
 async def dns_checks_run(client: CertflowClient, hostname: str) -> int:
-    """check_dns activities the hostname's current workflow run has scheduled."""
+    """check_dns activities the hostname's current workflow run has run (local
+    ones, each a marker, and regular ones)."""
     history = await client.handle(hostname).fetch_history()
-    return sum(
-        1
-        for event in history.events
-        if event.HasField("activity_task_scheduled_event_attributes")
-        and event.activity_task_scheduled_event_attributes.activity_type.name == "check_dns"
-    )
+    return sum(1 for name in activities_run(history) if name == "check_dns")
 
 
 async def test_a_ca_refusing_on_caa_is_believed_until_caa_changes(

@@ -70,6 +70,7 @@ from certflow.activity_payloads import (
     PlaceOrderInput,
     RecordFailureInput,
     RenewalAdvice,
+    ValidateOrderInput,
     WaitForOrderInput,
 )
 from certflow.workflow_payloads import CertificateInput, CertificateState, ProvisioningPolicy
@@ -454,6 +455,16 @@ class Fakes:
             result, _ = await self._enter("wait_for_order", input)
             return OrderProgress(status=AcmeStatus.READY) if result is DEFAULT else result
 
+        @activity.defn(name="validate_order")
+        async def validate_order(input: ValidateOrderInput) -> OrderProgress:
+            # The real one runs check_http01's and wait_for_order's work in one
+            # activity: recorded as those two calls, with their behaviours.
+            if input.self_check:
+                await check_http01(
+                    Http01CheckInput(certificate_id=input.certificate_id, hostname=input.hostname)
+                )
+            return await wait_for_order(input.wait)
+
         @activity.defn(name="finalize_and_store")
         async def finalize_and_store(input: FinalizeInput) -> IssuedCertificate:
             result, now = await self._enter("finalize_and_store", input)
@@ -615,6 +626,7 @@ class Fakes:
             persist_challenge,
             accept_challenge,
             wait_for_order,
+            validate_order,
             finalize_and_store,
             record_failure,
             reopen_failed,
@@ -822,7 +834,9 @@ class Run:
 
 
 @asynccontextmanager
-async def started(env: WorkflowEnvironment, fakes: Fakes) -> AsyncIterator[Run]:
+async def started(
+    env: WorkflowEnvironment, fakes: Fakes, input: CertificateInput | None = None
+) -> AsyncIterator[Run]:
     """A worker with the fakes on a fresh task queue, and the workflow started on it.
 
     A workflow still running when the test ends (a failed test) is terminated,
@@ -837,7 +851,7 @@ async def started(env: WorkflowEnvironment, fakes: Fakes) -> AsyncIterator[Run]:
     ):
         handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
             CERTIFICATE_WORKFLOW,
-            CertificateInput(hostname=HOSTNAME),
+            input or CertificateInput(hostname=HOSTNAME),
             id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
             task_queue=task_queue,
             result_type=CertificateState,

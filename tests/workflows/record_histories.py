@@ -12,7 +12,8 @@ that changes these scenarios' paths, record them again under a label naming it.
 
 The first four scenarios are those of every label; ``edge-unreachable``,
 ``rate-limited`` and ``ari-renewal`` were added with the self-check, the
-cooldown spread and the renewal-info sweep. ``failure-and-retry`` needs a CA
+cooldown spread and the renewal-info sweep; the ``fewer`` label holds them on
+the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH). ``failure-and-retry`` needs a CA
 that fails a validation the self-check passes, which one DNS for both cannot
 give: from the ``sweep`` label on, the FAILED path's history is recorded with
 the fakes (record_patch_histories.py).

@@ -60,6 +60,14 @@ def test_the_scenarios_are_all_there() -> None:
         # Two issuers (with the fakes): a long cooldown at the first, issued by the
         # second, renewed there.
         "issuer-fallback",
+        # FEWER_ROUND_TRIPS_PATCH: the row read and the DNS check local, the
+        # self-check inside validate_order, no marker for the patches before it.
+        "happy-path-fewer",
+        "dns-wait-fewer",
+        "renewal-fewer",
+        "edge-unreachable-fewer",
+        "rate-limited-fewer",
+        "ari-renewal-fewer",
     }
 
 

@@ -1,0 +1,124 @@
+"""What one issuance costs in Temporal (issue 25): the workflow tasks, activity
+tasks and patch markers of the run that issues, on the fewer-round-trips design
+(FEWER_ROUND_TRIPS_PATCH) and on the design before it, which runs started by
+older code keep (CertificateInput.design 1).
+
+Red when the design is ignored (``CertificateBase._fewer_round_trips`` returning
+False): the default run then schedules the six activities and seven workflow
+tasks of design 1 and records every patch marker.
+"""
+
+from __future__ import annotations
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHistory
+from temporalio.testing import WorkflowEnvironment
+
+from certflow.workflow_payloads import CertificateInput
+from workflows.patches import FEWER_ROUND_TRIPS_PATCH
+
+from certflow.errors import ErrorCode
+
+from .fakes import DEFAULT, HOSTNAME, Fakes, app_error, started
+
+
+async def _first_run(env: WorkflowEnvironment, input: CertificateInput | None = None) -> tuple[WorkflowHistory, Fakes]:
+    fakes = Fakes(env)
+    async with started(env, fakes, input) as run:
+        await run.until_active()
+        history = await env.client.get_workflow_handle(
+            run.handle.id, run_id=run.handle.first_execution_run_id
+        ).fetch_history()
+    return history, fakes
+
+
+def _activities(history: WorkflowHistory) -> list[str]:
+    return [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+
+
+def _count(history: WorkflowHistory, kind: EventType.ValueType) -> int:
+    return sum(1 for e in history.events if e.event_type == kind)
+
+
+def _patches(history: WorkflowHistory) -> list[str]:
+    return [
+        e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data.decode()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+
+
+async def test_an_issuance_takes_three_activity_tasks_and_four_workflow_tasks(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    history, fakes = await _first_run(workflow_env)
+
+    # The row read and the DNS check ran (as local activities: markers, no tasks).
+    assert fakes.names()[:2] == ["ensure_certificate", "check_dns"]
+    assert _activities(history) == ["place_order", "validate_order", "finalize_and_store"]
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 4
+    # One patch marker, the design's; none of the patches it includes.
+    assert len(_patches(history)) == 1 and FEWER_ROUND_TRIPS_PATCH in _patches(history)[0]
+
+
+async def test_the_next_run_carries_the_design_without_a_marker(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    fakes = Fakes(workflow_env)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        await run.handle.signal("renew")
+        await run.until_calls("finalize_and_store", 2)
+        await run.until_active()
+        first = await workflow_env.client.get_workflow_handle(
+            run.handle.id, run_id=run.handle.first_execution_run_id
+        ).fetch_history()
+        last = first.events[-1]
+        assert last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+        # The run that renewed (the second) records no patch marker at all.
+        second = await workflow_env.client.get_workflow_handle(
+            run.handle.id,
+            run_id=last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id,
+        ).fetch_history()
+    assert "validate_order" in _activities(second)
+    assert _patches(second) == []
+
+
+async def test_runs_of_the_design_before_keep_their_course(workflow_env: WorkflowEnvironment) -> None:
+    history, _ = await _first_run(workflow_env, CertificateInput(hostname=HOSTNAME, design=1))
+
+    assert _activities(history) == [
+        "ensure_certificate", "check_dns", "place_order", "check_http01", "wait_for_order", "finalize_and_store",
+    ]
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 7
+
+
+async def test_a_row_read_that_fails_locally_is_run_again_as_an_activity(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """A Postgres step that fails as a local activity (here at once; in production
+    after a minute of retries) runs again as a regular one, whose retries cost no
+    history."""
+    fakes = Fakes(workflow_env)
+    failed = False
+
+    async def once_refused(index: int, _: object) -> object:
+        nonlocal failed
+        if not failed:
+            failed = True
+            raise app_error(ErrorCode.ACME_INVALID_ORDER, "refused once")
+        return DEFAULT
+
+    fakes.behaviours["ensure_certificate"] = once_refused
+    async with started(workflow_env, fakes) as run:
+        await run.until_active()
+        history = await workflow_env.client.get_workflow_handle(
+            run.handle.id, run_id=run.handle.first_execution_run_id
+        ).fetch_history()
+    assert fakes.names()[:2] == ["ensure_certificate", "ensure_certificate"]
+    assert _activities(history)[0] == "ensure_certificate"
