@@ -54,12 +54,15 @@ class DnsActivities:
         methods and the issuers CAA allows, or a typed OWNERSHIP_UNVERIFIED /
         DNS_CNAME / DNS_DELEGATION / DNS_PERSIST / DNS_CAA / ACME_TEMPORARY error.
         The method and tenant are the row's, read now (a request or a transfer may
-        have changed them while the workflow waited)."""
+        have changed them while the workflow waited) unless the workflow read them
+        in the same workflow task."""
         started = time.monotonic()
         try:
             with step_span("dns_check", **{"certificate.hostname": input.hostname}):
                 requested, tenant_id = input.method, None
-                if self._pool is not None:
+                if input.row is not None:
+                    requested, tenant_id = requested or input.row.requested_method, input.row.tenant_id
+                elif self._pool is not None:
                     asked, tenant_id = await certificates.attempt_request(self._pool, input.hostname)
                     requested = requested or asked
                 verdict = await self._checker.check(

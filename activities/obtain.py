@@ -59,7 +59,12 @@ class ObtainActivities:
         earlier try's accept was answered), then accept it and poll the order
         (``wait_for_order``). Errors are those steps' own."""
         if input.self_check and not _accepted_before():
-            check = Http01CheckInput(certificate_id=input.certificate_id, hostname=input.hostname)
+            check = Http01CheckInput(
+                certificate_id=input.certificate_id,
+                hostname=input.hostname,
+                token=input.token,
+                key_authorization=input.key_authorization,
+            )
             async with heartbeating():
                 await self._preflight.check_http01(check)
         return await self._acme.wait_for_order(input.wait)

@@ -52,13 +52,16 @@ class PreflightActivities:
         started = time.monotonic()
         try:
             with step_span("http01_check", **{"certificate.hostname": input.hostname}):
-                order = await certificates.stored_open_order(self._pool, input.certificate_id)
-                if order is None:
-                    raise ProvisioningError(
-                        code=ErrorCode.ACME_INVALID_ORDER,
-                        message="the certificate row has no open challenge to check",
-                    )
-                await self._fetcher.check(input.hostname, order.token, order.key_authorization)
+                token, key_authorization = input.token, input.key_authorization
+                if token is None or key_authorization is None:
+                    order = await certificates.stored_open_order(self._pool, input.certificate_id)
+                    if order is None:
+                        raise ProvisioningError(
+                            code=ErrorCode.ACME_INVALID_ORDER,
+                            message="the certificate row has no open challenge to check",
+                        )
+                    token, key_authorization = order.token, order.key_authorization
+                await self._fetcher.check(input.hostname, token, key_authorization)
         except ProvisioningError as err:
             self._metrics.step("http01_check", "error", started)
             if isinstance(err, Http01Unreachable):

@@ -40,7 +40,7 @@ class PgDelta:
     statements: int | None
     by_statement: dict[str, int] = field(default_factory=dict)
 
-    def per(self, count: int, top: int = 12) -> dict[str, object]:
+    def per(self, count: int, top: int = 25) -> dict[str, object]:
         """This delta divided by ``count`` (certificates), with the top statements."""
         ranked = sorted(self.by_statement.items(), key=lambda kv: -kv[1])[:top]
         return {

@@ -46,10 +46,20 @@ class EnsureCertificateResult(Frozen):
     policy: ProvisioningPolicy
 
 
+class RowRequest(Frozen):
+    """What the row asks for: a validation method, for a tenant."""
+
+    requested_method: RequestedMethod
+    tenant_id: str | None
+
+
 class CheckDnsInput(Frozen):
     hostname: str
     method: RequestedMethod | None = None
     """The method to check for (None: the one the row asks for)."""
+    row: RowRequest | None = None
+    """The row's method and tenant as the workflow read them in the same workflow
+    task (None: read them now; a request or a transfer may have changed them)."""
 
 
 class DnsVerdict(Frozen):
@@ -108,6 +118,9 @@ class Http01CheckInput(Frozen):
 
     certificate_id: str
     hostname: str
+    token: str | None = None
+    key_authorization: str | None = None
+    """The challenge as persisted by this attempt's place_order (None: read the row)."""
 
 
 class TransferInput(Frozen):
@@ -191,6 +204,9 @@ class ValidateOrderInput(Frozen):
     hostname: str
     self_check: bool = False
     """Fetch the persisted challenge as the CA will before accepting it."""
+    token: str | None = None
+    key_authorization: str | None = None
+    """The challenge as persisted by this attempt's place_order (None: read the row)."""
 
 
 class Outcome(Frozen):

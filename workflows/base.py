@@ -118,6 +118,12 @@ class CertificateBase:
     def _fewer_round_trips(self) -> bool:
         return self._state.design >= FEWER_ROUND_TRIPS_DESIGN
 
+    @property
+    def _row_just_read(self) -> bool:
+        """The row was read in this workflow task: nothing waited since (any wait
+        ends the task, and the next one starts later)."""
+        return self._state.row_read_at == workflow.now()
+
     async def _postgres(self, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
         """A step that only touches Postgres: local in runs of the fewer-round-trips
         design (a marker, no task of its own), a regular activity when Postgres has
@@ -140,6 +146,7 @@ class CertificateBase:
         )
         self._set_record(ensured.record)
         self._state.policy = ensured.policy
+        self._state.row_read_at = workflow.now()
 
     def _publish(self) -> None:
         """Show the state in the Temporal UI: search attributes (when the worker

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         OpenedOrder,
         PersistChallengeInput,
         PlaceOrderInput,
+        RowRequest,
         ValidateOrderInput,
         WaitForOrderInput,
     )
@@ -79,15 +80,19 @@ class Obtaining(CertificateBase):
             self_check = publish = False
             method = record.validation_method  # of the kept order (None: http-01)
             methods: list[ValidationMethod] = []
+            placed: OpenedOrder | None = None  # this attempt's order, as persisted
             method_reason: str | None = None
             self._state.caa_reading = None
             if order_url is None:
                 allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
                 if not record.skips_dns:
                     self._enter(Phase.CHECKING_DNS)
+                    row = None
+                    if self._fewer_round_trips and self._row_just_read:
+                        row = RowRequest(requested_method=record.requested_method, tenant_id=record.tenant_id)
                     verdict: DnsVerdict | None = await (
                         run_local if self._fewer_round_trips else run
-                    )(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname))
+                    )(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname, row=row))
                     if verdict is not None:  # None in histories from before issuers
                         allowed = verdict.allowed_issuers
                         self._state.caa_reading = verdict.caa_reading
@@ -99,7 +104,7 @@ class Obtaining(CertificateBase):
                 self._enter(Phase.CREATING_ORDER)
                 accept_first = self._patched(PLACE_ORDER_PATCH)
                 if accept_first:
-                    order = await run(
+                    order = placed = await run(
                         CA,
                         AcmeActivities.place_order,
                         PlaceOrderInput(
@@ -172,7 +177,8 @@ class Obtaining(CertificateBase):
                 )
                 self._check_stop()
             await self._wait_for_order(
-                record.certificate_id, order_url, challenge_url, policy, accept_first, accept_unsure, self_check
+                record.certificate_id, order_url, challenge_url, policy, accept_first, accept_unsure,
+                self_check, placed,
             )
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
@@ -282,6 +288,7 @@ class Obtaining(CertificateBase):
         accept_first: bool = False,
         accept_unsure: bool = False,
         self_check: bool = False,
+        placed: OpenedOrder | None = None,
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:
@@ -309,6 +316,8 @@ class Obtaining(CertificateBase):
                         certificate_id=certificate_id,
                         hostname=self._state.hostname,
                         self_check=self_check and attempt == 0,
+                        token=placed.token if placed else None,
+                        key_authorization=placed.key_authorization if placed else None,
                     ),
                 )
             else:

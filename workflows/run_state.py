@@ -50,6 +50,10 @@ class RunState:
     """This run follows an issuance: started by code that has every patch, and with
     the search attributes of the carried row (continue-as-new copies them)."""
 
+    row_read_at: datetime | None = None
+    """When the run last read the row (workflow time): read in the current workflow
+    task, the DNS check takes its method and tenant from the record."""
+
     # -- what the product sees
     phase: Phase = Phase.STARTING
     next_attempt_at: datetime | None = None

@@ -57,17 +57,13 @@ class OrderFinalization(IssuerExchange):
     # -- finalize_and_store --------------------------------------------------
 
     async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
-        stored = await issued.issued_by_order(
-            self._pool, input.certificate_id, input.order_url
-        )
-        if stored is not None:  # an earlier attempt committed
-            stored_leaf, stored_window = stored
+        earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
+        if earlier.stored is not None:  # an earlier attempt committed
+            stored_leaf, stored_window = earlier.stored
             return _issued(certificate_info(stored_leaf), stored_window)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
-        encrypted = await issued.load_pending_key(
-            self._pool, input.certificate_id, input.order_url
-        )
+        encrypted = earlier.pending_key
         if status == AcmeStatus.READY:
             if encrypted is None:
                 key = generate_private_key(self._key_type)

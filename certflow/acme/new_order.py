@@ -65,9 +65,9 @@ class NewOrders(IssuerExchange):
                 self._directory_url,
                 self._pacing.max_orders_in_flight,
                 timeout=ORDER_SLOT_WAIT,
-            ):
-                # A refusal may have come while this order waited for its slot.
-                await self._raise_if_held(hostname, kind)
+            ) as slot:
+                if slot.waited:  # a refusal may have come while this order waited
+                    await self._raise_if_held(hostname, kind)
                 return await self._send_new_order(hostname, replaces, certificate_id, methods)
         except NoOrderSlotError as err:
             raise AcmeProblemError(

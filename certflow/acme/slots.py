@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -23,6 +24,14 @@ class NoOrderSlotError(CertflowError, TimeoutError):
     """Every slot stayed taken for the whole wait."""
 
 
+@dataclass(frozen=True)
+class OrderSlot:
+    """A slot held: its number, and whether its holder had to wait for it."""
+
+    number: int
+    waited: bool
+
+
 @asynccontextmanager
 async def order_slot(
     pool: asyncpg.Pool,
@@ -31,11 +40,12 @@ async def order_slot(
     *,
     timeout: float,
     waiting: Callable[[], None] = lambda: None,
-) -> AsyncIterator[int]:
-    """Hold one of the account's slots (its number) for the duration of the block;
-    ``waiting`` is called between tries (an activity heartbeats there)."""
+) -> AsyncIterator[OrderSlot]:
+    """Hold one of the account's slots for the duration of the block; ``waiting``
+    is called between tries (an activity heartbeats there)."""
     deadline = time.monotonic() + timeout
     delay = _FIRST_WAIT
+    waited = False
     async with pool.acquire() as conn:
         while True:
             # One statement tries the slots in turn and stops at the first it gets.
@@ -50,9 +60,10 @@ async def order_slot(
             if time.monotonic() + delay > deadline:
                 raise NoOrderSlotError(f"all {slots} new-order slots stayed taken for {timeout:g} s")
             waiting()
+            waited = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_WAIT)
         try:
-            yield int(slot)
+            yield OrderSlot(int(slot), waited)
         finally:
             await conn.execute("SELECT pg_advisory_unlock(hashtext($1), $2)", directory_url, slot)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
@@ -28,16 +29,6 @@ async def store_pending_key(
         encrypted_key,
     )
     return bool(result)
-
-async def load_pending_key(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> bytes | None:
-    """The encrypted key bound to this order, if any."""
-    value = await pool.fetchval(
-        "SELECT pending_private_key FROM certificates"
-        " WHERE id = $1::uuid AND pending_key_order_url = $2",
-        certificate_id,
-        order_url,
-    )
-    return bytes(value) if value is not None else None
 
 async def store_issued(
     pool: asyncpg.Pool,
@@ -98,18 +89,33 @@ async def store_issued(
         )
         return bool(already)
 
-async def issued_by_order(
-    pool: asyncpg.Pool, certificate_id: str, order_url: str
-) -> tuple[str, RenewalAdvice] | None:
-    """The current leaf PEM and its stored ARI window when this order already issued
-    and stored it (a retried store)."""
+@dataclass(frozen=True)
+class Finalization:
+    """Where finalize_and_store stands for one order, read at once."""
+
+    stored: tuple[str, RenewalAdvice] | None
+    """The current leaf PEM and its stored ARI window when this order already
+    issued and stored it (a retried store)."""
+    pending_key: bytes | None
+    """The encrypted key bound to this order, if any."""
+
+
+async def finalization(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> Finalization:
+    """What an earlier try of finalize_and_store for this order left: the stored
+    certificate, the key bound to the order (one read)."""
     row = await pool.fetchrow(
-        "SELECT ssl_certificate, ari_window_start, ari_window_end FROM certificates"
-        " WHERE id = $1::uuid AND ssl_order_url = $2 AND http_order_url IS NULL",
+        "SELECT CASE WHEN ssl_order_url = $2 AND http_order_url IS NULL THEN ssl_certificate END"
+        " AS stored_leaf, ari_window_start, ari_window_end,"
+        " CASE WHEN pending_key_order_url = $2 THEN pending_private_key END AS pending_key"
+        " FROM certificates WHERE id = $1::uuid",
         certificate_id,
         order_url,
     )
-    if row is None or row["ssl_certificate"] is None:
-        return None
-    window = RenewalAdvice(window_start=row["ari_window_start"], window_end=row["ari_window_end"])
-    return str(row["ssl_certificate"]), window
+    if row is None:
+        return Finalization(None, None)
+    stored = None
+    if row["stored_leaf"] is not None:
+        window = RenewalAdvice(window_start=row["ari_window_start"], window_end=row["ari_window_end"])
+        stored = (str(row["stored_leaf"]), window)
+    key = row["pending_key"]
+    return Finalization(stored, bytes(key) if key is not None else None)

@@ -168,8 +168,7 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     await certificates.persist_challenge(db, pending_id, order)
     await certificates.stored_open_order(db, pending_id)
     await issued.store_pending_key(db, pending_id, order.order_url, b"sealed")
-    await issued.load_pending_key(db, pending_id, order.order_url)
-    await issued.issued_by_order(db, pending_id, order.order_url)
+    await issued.finalization(db, pending_id, order.order_url)
     info = CertificateInfo(serial_hex="ab", not_before=now, not_after=now + timedelta(days=90))
     await issued.store_issued(db, pending_id, order.order_url, "leaf", "chain", info)
     await certificates.record_failure(

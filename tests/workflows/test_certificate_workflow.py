@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
-from certflow.models import AcmeStatus
+from certflow.models import AcmeStatus, RequestedMethod
 from certflow.models import CertificateStatus
 from certflow.activity_payloads import (
     CheckDnsInput,
@@ -24,6 +24,7 @@ from certflow.activity_payloads import (
     Outcome,
     PlaceOrderInput,
     RecordFailureInput,
+    RowRequest,
     WaitForOrderInput,
 )
 from workflows.policy import failure_backoff
@@ -88,7 +89,10 @@ async def test_happy_path_issues_in_order_and_goes_active(workflow_env: Workflow
     # Each step got the data of the one before.
     first = order(1)
     assert fakes.of("ensure_certificate")[0].arg == EnsureCertificateInput(hostname=HOSTNAME)
-    assert fakes.of("check_dns")[0].arg == CheckDnsInput(hostname=HOSTNAME)
+    # The row was read in the same workflow task: the DNS check is handed what it asks for.
+    assert fakes.of("check_dns")[0].arg == CheckDnsInput(
+        hostname=HOSTNAME, row=RowRequest(requested_method=RequestedMethod.AUTO, tenant_id=None)
+    )
     assert fakes.of("place_order")[0].arg == PlaceOrderInput(
         certificate_id=CERT_ID, hostname=HOSTNAME
     )

@@ -18,8 +18,9 @@ from certflow.workflow_payloads import CertificateInput
 from workflows.patches import FEWER_ROUND_TRIPS_PATCH
 
 from certflow.errors import ErrorCode
+from certflow.models import CertificateStatus
 
-from .fakes import DEFAULT, HOSTNAME, Fakes, app_error, started
+from .fakes import DEFAULT, HOSTNAME, Fakes, Row, app_error, started
 
 
 async def _first_run(env: WorkflowEnvironment, input: CertificateInput | None = None) -> tuple[WorkflowHistory, Fakes]:
@@ -122,3 +123,27 @@ async def test_a_row_read_that_fails_locally_is_run_again_as_an_activity(
         ).fetch_history()
     assert fakes.names()[:2] == ["ensure_certificate", "ensure_certificate"]
     assert _activities(history)[0] == "ensure_certificate"
+
+
+async def test_the_dns_check_reads_the_row_again_after_a_wait(workflow_env: WorkflowEnvironment) -> None:
+    """The first DNS check of a run is handed the method and tenant of the row read
+    in the same workflow task (one statement fewer); after any wait it reads them
+    itself, since a request or a transfer may have changed them: here a FAILED row
+    read at the start, then ``retry``. Red when a read is taken as fresh for the
+    rest of the run (``_row_just_read`` true once the row was read)."""
+    fakes = Fakes(
+        workflow_env,
+        row=Row(status=CertificateStatus.FAILED, error_code=ErrorCode.ACME_INVALID_ORDER, retry_count=5),
+    )
+    async with started(workflow_env, fakes) as run:
+        await run.until_calls("ensure_certificate", 1)
+        await run.signal("retry")
+        checks = await run.until_calls("check_dns", 1)
+    assert checks[0].arg.row is None
+
+
+async def test_the_first_dns_check_is_handed_the_row_just_read(workflow_env: WorkflowEnvironment) -> None:
+    fakes = Fakes(workflow_env)
+    async with started(workflow_env, fakes) as run:
+        checks = await run.until_calls("check_dns", 1)
+    assert checks[0].arg.row is not None and checks[0].arg.row.tenant_id == fakes.row.tenant_id
