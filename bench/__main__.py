@@ -35,6 +35,7 @@ from bench.snapshot import code_version, snapshot, snapshot_of
 from bench.stack import Stack, start_stack
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
 
 
 def _ints(text: str) -> list[int]:
@@ -72,6 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quiet-wait", type=float, default=300.0, metavar="SECONDS",
         help="before each phase wait up to this long for other processes to leave the CPU (default 300; 0: don't)",
+    )
+    parser.add_argument(
+        "--write-docs", action="store_true",
+        help=f"write the table into {DOCS} (its bench block), so the docs show this run",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON results (default {DEFAULT_OUT})")
     parser.add_argument("--workdir", type=Path, help="server logs and data (default: a temp dir, removed)")
@@ -234,12 +239,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.compare:
         result["before"] = {"ref": args.compare, "certflow": before}
+    if args.out.exists():  # the scale phase's results (``--scale``) stay
+        kept = json.loads(args.out.read_text())
+        result.update({k: v for k, v in kept.items() if k.startswith("scale")})
     result["ratios"] = report.ratios(found_baselines, sizes)
     result["targets"] = report.targets(found_baselines, sizes, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     log("")
     log(report.table(result))
+    if args.write_docs:
+        report.write_docs(result, DOCS)
+        log(f"\nwrote the table into {DOCS}")
     for warning in report.warnings(result):
         log(f"WARNING: {warning}")
     log(f"\nresults: {args.out}  (total {result['meta']['total_seconds']} s)")

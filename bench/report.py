@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from bench.stats import ratio
@@ -36,6 +37,18 @@ def ratios(baselines: dict[str, Any], certflow: dict[str, Any]) -> dict[str, Any
             row[f"throughput_over_{mode}_best"] = _round(ratio(rate, best.get("certs_per_second")))
         out[n] = row
     return out
+
+
+CPU_TARGET = 0.115
+"""Half the CPU-seconds per issuance of the worker, Temporal and Postgres when issue
+25 was filed (about 0.23)."""
+
+
+def _cpu_sum(run: dict[str, Any]) -> float | None:
+    cpu = run.get("cpu_seconds_per_cert")
+    if not cpu:
+        return None
+    return round(sum(cpu.get(name) or 0.0 for name in ("worker", "temporal", "postgres")), 4)
 
 
 def _round(value: float | None) -> float | None:
@@ -85,6 +98,28 @@ def targets(baselines: dict[str, Any], certflow: dict[str, Any], idle: dict[str,
         ratio(rate, floor_best.get("certs_per_second")),
         "certs/s",
     )
+    # Issue 25's targets: against the bare protocol, and per issuance.
+    floor_p50 = floor_single.get("seconds_per_cert", {}).get("p50")
+    limit = 3.0 * floor_p50 if floor_p50 else None
+    add("p50 time to ACTIVE at N=1 <= 3 x floor p50", p50, limit,
+        None if p50 is None or limit is None else p50 <= limit, ratio(p50, floor_p50), "s")
+    floor_rate = floor_best.get("certs_per_second")
+    limit = 0.5 * floor_rate if floor_rate else None
+    add("throughput at N=50 >= 0.5 x floor best", rate, limit,
+        None if rate is None or limit is None else rate >= limit, ratio(rate, floor_rate), "certs/s")
+    add("throughput at N=50 > plain best", rate, best,
+        None if rate is None or best is None else rate > best, ratio(rate, floor_rate), "certs/s")
+    events = one["temporal"]["events_per_cert_to_active"] if one else None
+    add("history events per issuance <= 20", events, 20.0, None if events is None else events <= 20, None, "events")
+    pg = one["pg_per_cert_to_parked"] if one else None
+    statements = pg["statements"] if pg else None
+    add("Postgres statements per issuance <= 6", statements, 6.0,
+        None if statements is None else statements <= 6, None, "statements")
+    # At N=50, where the worker's and the server's idle work between requests is
+    # spread over many issuances (N=1 runs one at a time, with gaps).
+    cpu_sum = _cpu_sum(fifty) if fifty else None
+    add(f"CPU s per issuance at N=50, worker+Temporal+Postgres <= {CPU_TARGET} (half of 0.23)", cpu_sum, CPU_TARGET,
+        None if cpu_sum is None else cpu_sum <= CPU_TARGET, None, "CPU s")
     big = certflow.get("500")
     rss = big["worker_peak_rss_mb"] if big else None
     add("worker peak RSS at N=500 <= 300 MB", rss, 300.0, None if rss is None else rss <= 300.0, None, "MB")
@@ -109,7 +144,7 @@ def cpu_split(run: dict[str, Any]) -> str:
     if not cpu:
         return "-"
     parts = [cpu.get(name) or 0.0 for name in ("worker", "temporal", "postgres")]
-    return "+".join(f"{p:.3f}" for p in parts) + f" = {sum(parts):.3f}"
+    return "+".join(f"{p:.3f}" for p in parts) + f" = {_cpu_sum(run):.3f}"
 
 
 def _certflow_row(label: str, run: dict[str, Any]) -> tuple[str, ...]:
@@ -118,13 +153,14 @@ def _certflow_row(label: str, run: dict[str, Any]) -> tuple[str, ...]:
     stmt = pg["statements"] if pg["statements"] is not None else pg["xact_commit"]
     return (label, _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(run["wall_seconds"], 2),
             _fmt(run["certs_per_second"], 2), _fmt(run["worker_peak_rss_mb"], 1), _fmt(stmt, 1),
-            _fmt(run["temporal"]["events_per_cert_to_active"], 0), cpu_split(run))
+            _fmt(run["temporal"]["events_per_cert_to_active"], 0),
+            _fmt(run["temporal"].get("billable_actions_per_cert_to_active"), 0), cpu_split(run))
 
 
 def table(result: dict[str, Any]) -> str:
     header = (
         "", "p50 s", "p95 s", "wall s", "certs/s", "peak RSS MB", "PG stmt/cert", "events/cert",
-        "CPU s/cert worker+temporal+pg",
+        "billable/cert", "CPU s/cert worker+temporal+pg",
     )
     rows: list[tuple[str, ...]] = [header]
     for mode in ("plain", "floor"):
@@ -136,7 +172,7 @@ def table(result: dict[str, Any]) -> str:
                 continue
             lat = trial["seconds_per_cert"]
             rows.append((f"{mode} ({label})", _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(trial["wall_seconds"], 2),
-                         _fmt(trial["certs_per_second"], 2), "-", "-", "-", "-"))
+                         _fmt(trial["certs_per_second"], 2), "-", "-", "-", "-", "-"))
     before = result.get("before") or {}
     for n, run in result["certflow"].items():
         old = (before.get("certflow") or {}).get(n)
@@ -200,3 +236,31 @@ def warnings(result: dict[str, Any]) -> list[str]:
         if others is not None and others > 20:
             found.append(f"{name}: other processes used {others} % of a core meanwhile (shared machine)")
     return found
+
+
+DOCS_BEGIN = "<!-- bench:issuance:begin (written by python -m bench --write-docs) -->"
+DOCS_END = "<!-- bench:issuance:end -->"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table, ratios and targets as the docs show them, with the run they come from."""
+    rows = table(result).split("\n")
+    meta = result["meta"]
+    args = meta.get("args", {})
+    command = "python -m bench --sizes " + ",".join(str(n) for n in args.get("sizes", []))
+    if args.get("compare"):
+        command += f" --compare {args['compare']}"
+    head = [
+        f"Run at commit {meta['code_at_start']} (`{command} --write-docs`), {meta['cpus']} cores,"
+        f" Python {meta['python']}, Postgres {meta['postgres']}, finished {meta['finished_at']}:",
+        "",
+        "```text",
+    ]
+    return "\n".join(head + rows + ["```"])
+
+
+def write_docs(result: dict[str, Any], path: Path) -> None:
+    """Replace the bench's block in ``path`` (between DOCS_BEGIN and DOCS_END)."""
+    text = path.read_text()
+    start, end = text.index(DOCS_BEGIN) + len(DOCS_BEGIN), text.index(DOCS_END)
+    path.write_text(text[:start] + "\n" + markdown(result) + "\n" + text[end:])

@@ -15,6 +15,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
+from bench.actions import BILLABLE_KINDS, tally
 from bench.stats import percentile
 from certflow.contract import CERTIFICATE_WORKFLOW
 
@@ -160,10 +161,13 @@ def summarize(runs: dict[str, list[Run]]) -> dict[str, Any]:
     issuing: list[dict[str, float]] = []
     parked: list[dict[str, float]] = []
     events_to_active: list[float] = []
+    billable_to_active: list[float] = []
     for workflow_runs in runs.values():
         closed = [r for r in workflow_runs if r.status != WorkflowExecutionStatus.RUNNING]
         running = [r for r in workflow_runs if r.status == WorkflowExecutionStatus.RUNNING]
         events_to_active.append(float(sum(len(r.events) for r in closed)))
+        counted = tally(e for r in closed for e in r.events)
+        billable_to_active.append(float(sum(counted[k] for k in BILLABLE_KINDS)))
         issuing.extend(breakdown(r.events) for r in closed)
         parked.extend(breakdown(r.events) for r in running)
     return {
@@ -171,6 +175,8 @@ def summarize(runs: dict[str, list[Run]]) -> dict[str, Any]:
         "runs": sum(len(v) for v in runs.values()),
         "events_per_cert_to_active": percentile(events_to_active, 50),
         "events_per_cert_to_active_max": max(events_to_active) if events_to_active else None,
+        # Temporal Cloud's actions in those runs, heartbeats aside (not in histories).
+        "billable_actions_per_cert_to_active": percentile(billable_to_active, 50),
         "events_per_cert_parked_run": _medians(parked).get("count:events"),
         "issuing_run_median": _medians(issuing),
         "issuing_run_p95_total": percentile([r.get("total", 0.0) for r in issuing], 95),
