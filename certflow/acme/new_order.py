@@ -237,17 +237,26 @@ class NewOrders(IssuerExchange):
             stored = await certificates.stored_open_order(self._pool, input.certificate_id)
             if stored is not None:
                 return stored
-        if input.issuer is not None:
-            await attempts.choose_issuer(
-                self._pool, input.certificate_id, self.name, input.issuer_reason
-            )
-        order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
+        try:
+            order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
+        except ProvisioningError:
+            # The attempt's CA is on the row before the workflow waits on its
+            # cooldowns (cooldown_remaining reads it); with an order, persisting it
+            # records the CA too.
+            if input.issuer is not None:
+                await attempts.choose_issuer(
+                    self._pool, input.certificate_id, self.name, input.issuer_reason
+                )
+            raise
         # Committed before anything asks the CA to validate, so the responder can
         # answer its first request.
         reason = input.method_reason
         if reason is not None and input.methods and order.method is not input.methods[0]:
             reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
-        if not await certificates.persist_challenge(self._pool, input.certificate_id, order, reason):
+        issuer = self.name if input.issuer is not None else None
+        if not await certificates.persist_challenge(
+            self._pool, input.certificate_id, order, reason, issuer, input.issuer_reason
+        ):
             raise ProvisioningError(
                 code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
             )

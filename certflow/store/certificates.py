@@ -64,10 +64,16 @@ async def ensure_certificate(
     return record_of(row)
 
 async def persist_challenge(
-    pool: asyncpg.Pool, certificate_id: str, order: OpenedOrder, method_reason: str | None = None
+    pool: asyncpg.Pool,
+    certificate_id: str,
+    order: OpenedOrder,
+    method_reason: str | None = None,
+    issuer: str | None = None,
+    issuer_reason: str | None = None,
 ) -> bool:
     """Record the open order and move PENDING → PROVISIONING (a renewal, RENEWING or
-    EXPIRED, keeps its status).
+    EXPIRED, keeps its status); with ``issuer``, the attempt's CA too, as
+    ``attempts.choose_issuer`` records it (in the same statement).
 
     Committed before the challenge is accepted, so the responder can answer the
     CA's first request. Returns False when the row vanished or moved on.
@@ -80,6 +86,9 @@ async def persist_challenge(
             http_challenge_token = $2, http_challenge_key_auth = $3,
             http_challenge_url = $4, http_order_url = $5, http_order_replaces = $6,
             validation_method = $7, validation_reason = coalesce($8, validation_reason),
+            order_issuer_reason = CASE WHEN $9::text IS NOT NULL AND $9 IS DISTINCT FROM order_issuer
+                                       THEN $10 ELSE order_issuer_reason END,
+            order_issuer = coalesce($9, order_issuer),
             provisioning_error = NULL, provisioning_error_message = NULL,
             ssl_last_attempt_at = now(), updated_at = now()
         WHERE id = $1::uuid
@@ -95,6 +104,8 @@ async def persist_challenge(
         order.replaces,
         None if order.method is None else str(order.method),  # None: http-01, as before methods
         method_reason,
+        issuer,
+        issuer_reason,
     )
     return bool(result)
 

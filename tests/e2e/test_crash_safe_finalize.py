@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 from concurrent.futures import ThreadPoolExecutor
 
 import asyncpg
 import pytest
 from acme import messages
 from cryptography import x509
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
@@ -52,11 +54,32 @@ from certflow.activity_payloads import (
     PlaceOrderInput,
     WaitForOrderInput,
 )
+from certflow.errors import ErrorCode
 from certflow.worker_settings import KeyType
+from workflows.steps import SHORT_FAULT_RETRY
 from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e
+
+I = TypeVar("I")
+O = TypeVar("O")
+
+
+async def as_temporal_runs(activity: Callable[[I], Awaitable[O]], input: I) -> O:
+    """Run one activity as the worker's retry policy would: an ACME_TEMPORARY
+    failure (a badNonce Pebble repeats, a 5xx) is tried again, up to the 4 attempts
+    of SHORT_FAULT_RETRY, each try seeing its attempt number."""
+    attempts = SHORT_FAULT_RETRY.maximum_attempts
+    for attempt in range(1, attempts + 1):
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        try:
+            return await env.run(activity, input)
+        except ApplicationError as err:
+            if err.type != str(ErrorCode.ACME_TEMPORARY) or attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -94,16 +117,15 @@ async def _ready_order(
     acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> tuple[str, str]:
     """Drive a real order to `ready`; the deployment's responder answers the CA."""
-    env = ActivityEnvironment()
     hostname = deployment.hostname("finalized")
     record = await certificates.ensure_certificate(db, hostname, None, None)
     planted.append(record.certificate_id)
-    order = await env.run(acme.create_order, CreateOrderInput(hostname=hostname))
-    assert await env.run(
+    order = await as_temporal_runs(acme.create_order, CreateOrderInput(hostname=hostname))
+    assert await as_temporal_runs(
         acme_persist(db), PersistChallengeInput(certificate_id=record.certificate_id, order=order)
     )
-    await env.run(acme.accept_challenge, AcceptChallengeInput(challenge_url=order.challenge_url))
-    progress = await env.run(
+    await as_temporal_runs(acme.accept_challenge, AcceptChallengeInput(challenge_url=order.challenge_url))
+    progress = await as_temporal_runs(
         acme.wait_for_order,
         WaitForOrderInput(order_url=order.order_url, challenge_url=order.challenge_url, within_seconds=20),
     )
@@ -140,7 +162,7 @@ async def test_valid_order_is_paired_with_the_key_stored_before_finalize(
     )
     await asyncio.to_thread(_finalize_out_of_band, acme, order_url, make_csr(key, hostname))
 
-    result = await ActivityEnvironment().run(
+    result = await as_temporal_runs(
         acme.finalize_and_store,
         FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
     )
@@ -164,14 +186,14 @@ async def test_retried_finalize_reuses_the_stored_key(
         db, certificate_id, order_url, deployment.encryption_key.encrypt(private_key_to_pem(key))
     )
     # The order is still `ready`: finalize_and_store must use the stored key, not a new one.
-    await ActivityEnvironment().run(
+    await as_temporal_runs(
         acme.finalize_and_store,
         FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
     )
     leaf = await db.fetchval("SELECT ssl_certificate FROM certificates WHERE id = $1::uuid", certificate_id)
     assert public_key_matches(leaf, key)
     # Storing again (a retry after the commit) is a no-op success, not an error.
-    again = await ActivityEnvironment().run(
+    again = await as_temporal_runs(
         acme.finalize_and_store,
         FinalizeInput(certificate_id=certificate_id, hostname=hostname, order_url=order_url),
     )
@@ -188,7 +210,7 @@ async def test_a_retried_place_order_returns_the_order_it_stored(
     record = await certificates.ensure_certificate(db, hostname, None, None)
     planted.append(record.certificate_id)
     placing = PlaceOrderInput(certificate_id=record.certificate_id, hostname=hostname)
-    first = await ActivityEnvironment().run(acme.place_order, placing)
+    first = await as_temporal_runs(acme.place_order, placing)
     retry = ActivityEnvironment()
     retry.info = dataclasses.replace(retry.info, attempt=2)
     again = await retry.run(acme.place_order, placing)
@@ -199,7 +221,7 @@ async def test_a_retried_place_order_returns_the_order_it_stored(
         "SELECT http_order_url FROM certificates WHERE id = $1::uuid", record.certificate_id
     )
     assert stored == first.order_url
-    progress = await ActivityEnvironment().run(
+    progress = await as_temporal_runs(
         acme.wait_for_order,
         WaitForOrderInput(
             order_url=first.order_url,
