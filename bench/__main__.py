@@ -3,6 +3,8 @@
     python -m bench --quick                       # sizes 1,10, short baseline trials
     python -m bench --sizes 1,50,500 --idle 5000  # the full run
     python -m bench --scale 20000                 # only the scale phase, merged into --out
+    python -m bench --sizes 1,50 --compare REF --write-docs
+                                                  # REF's product beside the tree's; the table into docs/performance.md
 
 Starts Pebble (VA no-sleep, no nonce rejection) with challtestsrv and Postgres
 (``DATABASE_URL`` or embedded, with pg_stat_statements when it can be loaded)

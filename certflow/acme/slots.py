@@ -46,8 +46,12 @@ async def order_slot(
     deadline = time.monotonic() + timeout
     delay = _FIRST_WAIT
     waited = False
-    async with pool.acquire() as conn:
-        while True:
+    while True:
+        # A connection only for each try: waiters holding theirs for the whole wait
+        # took every connection of the pool in a burst of orders, and the statements
+        # of the orders in flight (the responder's among them) waited behind them.
+        conn = await pool.acquire()
+        try:
             # One statement tries the slots in turn and stops at the first it gets.
             slot = await conn.fetchval(
                 "SELECT s FROM generate_series(0, $2 - 1) AS s"
@@ -55,15 +59,22 @@ async def order_slot(
                 directory_url,
                 slots,
             )
-            if slot is not None:
-                break
-            if time.monotonic() + delay > deadline:
-                raise NoOrderSlotError(f"all {slots} new-order slots stayed taken for {timeout:g} s")
-            waiting()
-            waited = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_WAIT)
+        except BaseException:
+            await pool.release(conn)
+            raise
+        if slot is not None:
+            break
+        await pool.release(conn)
+        if time.monotonic() + delay > deadline:
+            raise NoOrderSlotError(f"all {slots} new-order slots stayed taken for {timeout:g} s")
+        waiting()
+        waited = True
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _MAX_WAIT)
+    try:
+        yield OrderSlot(int(slot), waited)
+    finally:
         try:
-            yield OrderSlot(int(slot), waited)
-        finally:
             await conn.execute("SELECT pg_advisory_unlock(hashtext($1), $2)", directory_url, slot)
+        finally:
+            await pool.release(conn)
