@@ -17,6 +17,7 @@ from temporalio import activity
 
 from activities.acme import AcmeActivities
 from activities.preflight import PreflightActivities
+from certflow.acme.validation import accepted_before
 from certflow.activity_payloads import Http01CheckInput, OrderProgress, ValidateOrderInput
 
 HEARTBEAT_EVERY = 4.0
@@ -40,12 +41,6 @@ async def heartbeating(every: float = HEARTBEAT_EVERY) -> AsyncIterator[None]:
         ticker.cancel()
 
 
-def _accepted_before() -> bool:
-    """An earlier try of this activity had its accept answered (its heartbeat says so)."""
-    details = activity.info().heartbeat_details
-    return bool(details and isinstance(details[0], dict) and details[0].get("accepted"))
-
-
 class ObtainActivities:
     """The steps of an order the workflow runs as one."""
 
@@ -58,7 +53,7 @@ class ObtainActivities:
         """Self-check the challenge when asked (``check_http01``; not again once an
         earlier try's accept was answered), then accept it and poll the order
         (``wait_for_order``). Errors are those steps' own."""
-        if input.self_check and not _accepted_before():
+        if input.self_check and not accepted_before():
             check = Http01CheckInput(
                 certificate_id=input.certificate_id,
                 hostname=input.hostname,

@@ -112,7 +112,7 @@ class CertificateBase:
     def _patched(self, patch: str) -> bool:
         """``workflow.patched`` for the patches of workflows/patches.py up to
         FEWER_ROUND_TRIPS_PATCH: applied without a marker in runs of that design."""
-        return self._state.design >= FEWER_ROUND_TRIPS_DESIGN or workflow.patched(patch)
+        return self._fewer_round_trips or workflow.patched(patch)
 
     @property
     def _fewer_round_trips(self) -> bool:

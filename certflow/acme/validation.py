@@ -30,6 +30,13 @@ def _order_status(order: dict[str, Any]) -> AcmeStatus:
         ) from None
 
 
+
+def accepted_before() -> bool:
+    """An earlier try of the running activity had its accept answered (its
+    heartbeat says so)."""
+    details = activity.info().heartbeat_details
+    return bool(details and isinstance(details[0], dict) and details[0].get("accepted"))
+
 class OrderValidation(IssuerExchange):
     """accept_challenge and wait_for_order at one CA."""
 
@@ -74,8 +81,7 @@ class OrderValidation(IssuerExchange):
         True when this call's accept was answered."""
         if not input.accept_first or not input.challenge_url:
             return False
-        details = activity.info().heartbeat_details
-        if details and isinstance(details[0], dict) and details[0].get("accepted"):
+        if accepted_before():
             return True
         url = input.challenge_url
         if input.accept_unsure or activity.info().attempt > 1:
