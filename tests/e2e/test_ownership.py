@@ -6,6 +6,7 @@ Every wait is on a condition (the row, the CA's counts)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import secrets
@@ -34,6 +35,10 @@ EDGE = "edge.saas.test"
 EDGE_ADDRESSES = ("127.0.0.1", "127.0.0.8")  # the responder listens on every loopback address
 FOREIGN = "127.0.0.9"
 PENDING_TIMEOUT_S = 35.0
+DEPARTED_RETENTION_S = 10.0
+EXPIRES_IN_S = 20.0
+"""How far ahead the departing hostname's expiry is brought (Pebble's certificates
+last years): long enough for its renewal to find the CNAME gone first."""
 
 
 @dataclass
@@ -94,6 +99,8 @@ def stack(
                 # A hostname never made ready is given up on after ~35 s here (14 days
                 # in production); every other test here is ready long before.
                 "CERTFLOW_PENDING_TIMEOUT_DAYS": str(PENDING_TIMEOUT_S / 86400),
+                # Only an expired hostname no longer routed to us reads it (one test).
+                "CERTFLOW_DEPARTED_RETENTION_DAYS": str(DEPARTED_RETENTION_S / 86400),
                 **SHORT_POLICY,
             },
         )
@@ -216,3 +223,59 @@ async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, c
     assert stack.proxy.new_orders_for(hostname) == 0
     events = [e.error_code for e in await client.events(hostname)]
     assert "ABANDONED" in [str(code) for code in events if code], events
+
+
+async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
+    stack: OwnershipStack, client: CertflowClient
+) -> None:
+    """A customer who left: ACTIVE, then its CNAME removed from the real zone. Its
+    renewal finds it no longer routed (DNS_CNAME, RENEWING) and orders nothing while
+    the edge keeps serving the certificate; once the certificate expires the row
+    is EXPIRED with DEPARTED (an event says so), and DEPARTED_RETENTION_DAYS (10 s
+    here) later the workflow ends: nothing re-checks it any more. One order at the
+    CA in all.
+
+    Pebble's certificates last years, so the row's expiry is brought to
+    EXPIRES_IN_S from now before the renewal is asked for: the renewal re-reads the
+    row (months after the last read, in production), as it would a real one.
+
+    Shown red: with the retention check of ``_given_up`` (workflows/failures.py)
+    never ending the run, the row went EXPIRED with DEPARTED but the workflow kept
+    re-checking and the wait for its end timed out (TimeoutError)."""
+    hostname = stack.hostname("departing")
+    stack.prove(client, hostname, "tenant-gone")
+    await client.request([hostname], tenant_id="tenant-gone")
+    first = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=60)
+
+    stack.dns.clear(hostname)  # the customer points the hostname elsewhere
+    await client.pool.execute(
+        "UPDATE certificates SET ssl_expires_at = now() + make_interval(secs => $2)"
+        " WHERE hostname = $1",
+        hostname,
+        EXPIRES_IN_S,
+    )
+    await client.renew(hostname)
+    gone = await wait_for(
+        client, hostname, lambda r: r.status == "RENEWING" and r.error_code == "DNS_CNAME", timeout=60
+    )
+    assert gone.expires_at is not None and gone.serial == first.serial
+    key = EncryptionKey(base64.b64decode(stack.env["CERTFLOW_ENCRYPTION_KEY"]))
+    edge = SniCertificates(client.pool, key)
+    await edge.refresh()
+    assert edge.serial_for(hostname) == first.serial  # still served until it expires
+
+    departed = await wait_for(
+        client, hostname, lambda r: r.error_code == "DEPARTED", timeout=EXPIRES_IN_S + 60
+    )
+    assert departed.status == "EXPIRED" and "departed" in (departed.error_message or "")
+    handle = client.handle(hostname)
+    await asyncio.wait_for(handle.result(), timeout=DEPARTED_RETENTION_S + 60)  # the run ended
+    description = await handle.describe()
+    assert description.status is not None and description.status.name == "COMPLETED"
+    row = await client.pool.fetchrow(
+        "SELECT status, provisioning_error FROM certificates WHERE hostname = $1", hostname
+    )
+    assert row is not None and (row["status"], row["provisioning_error"]) == ("EXPIRED", "DEPARTED")
+    assert stack.proxy.new_orders_for(hostname) == 1
+    events = await client.events(hostname)
+    assert any(e.to_status == "EXPIRED" and e.error_code == "DEPARTED" for e in events), events
