@@ -161,7 +161,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             WebhookDeliveryWorkflow,
         ],
         activities=registry.bound(
-            RecordActivities(pool, policy, settings.managed_base_domain),
+            RecordActivities(pool, policy, settings.managed_base_domain, metrics),
             DnsActivities(dns, metrics, pool),
             preflight,
             acme,

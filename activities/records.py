@@ -6,6 +6,7 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
 from certflow.models import CertificateRecord
 from certflow.activity_payloads import (
@@ -23,11 +24,16 @@ class RecordActivities:
     """Activities on the certificates table."""
 
     def __init__(
-        self, pool: asyncpg.Pool, policy: ProvisioningPolicy, managed_base_domain: str | None
+        self,
+        pool: asyncpg.Pool,
+        policy: ProvisioningPolicy,
+        managed_base_domain: str | None,
+        metrics: CertflowMetrics | None = None,
     ) -> None:
         self._pool = pool
         self._policy = policy
         self._managed_base_domain = managed_base_domain
+        self._metrics = metrics or CertflowMetrics()
 
     @activity.defn(name="ensure_certificate")
     async def ensure_certificate(self, input: EnsureCertificateInput) -> EnsureCertificateResult:
@@ -40,9 +46,12 @@ class RecordActivities:
     @activity.defn(name="give_up")
     async def give_up(self, input: GiveUpInput) -> bool:
         """Stop trying: CANCELED (ABANDONED) or EXPIRED (DEPARTED), with why."""
-        return await certificates.give_up(
+        done, first = await certificates.give_up(
             self._pool, input.certificate_id, input.status, input.code, input.message
         )
+        if first:  # not again when an attempt is retried after its commit
+            self._metrics.given_up(str(input.code).lower())
+        return done
 
     @activity.defn(name="persist_challenge")
     async def persist_challenge(self, input: PersistChallengeInput) -> bool:

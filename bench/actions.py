@@ -151,6 +151,9 @@ async def read_all(
     )))
 
 
+HEARTBEAT = "grpc_RecordActivityTaskHeartbeat"
+"""The ``action_type`` of a heartbeat the server recorded (billable; not in histories)."""
+
 _ACTION_LINE = re.compile(r'^action\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.e+]+)$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
+from bench.actions import HEARTBEAT, action_metric, counter_delta
 from bench.deploy import Deployment, deploy
 from bench.pgstats import BENCH_TAG, PgStats, delta
 from bench.stack import Stack
+from devstack import servers
 from bench.stats import summary
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.contract import workflow_id_for
@@ -138,7 +140,8 @@ async def run_size(
 ) -> dict[str, Any]:
     """One phase: fresh Temporal, database and worker; a warm-up certificate; then
     N hostnames at once (N=1: ``repeats`` single requests one after another)."""
-    dep = await deploy(stack, workdir, f"n{n}", ISSUE_ENV)
+    metrics_port = servers.free_port()
+    dep = await deploy(stack, workdir, f"n{n}", ISSUE_ENV, ["--metrics-port", str(metrics_port)])
     try:
         watcher = Watcher(dep)
         postmaster = await stack.postmaster_pid()
@@ -159,6 +162,7 @@ async def run_size(
         pg_before = await pg.snapshot(dep.database)
         queries_before = watcher.queries
         cpu_before = procstat.sample_cpu(roots)
+        actions_before = await asyncio.to_thread(action_metric, metrics_port)
         batches: list[Batch] = []
         if n == 1:
             for i in range(repeats):
@@ -175,6 +179,8 @@ async def run_size(
         )
         await asyncio.sleep(STATS_FLUSH_SECONDS)
         pg_after = await pg.snapshot(dep.database)
+        actions = counter_delta(actions_before, await asyncio.to_thread(action_metric, metrics_port))
+        heartbeats = sum(v for k, v in actions.items() if k.endswith("/" + HEARTBEAT))
         full_delta = delta(pg_before, pg_after, watcher.queries - queries_before)
 
         runs = await fetch_runs(dep.client.temporal, {workflow_id_for(h) for h in measured}, 2)
@@ -214,6 +220,8 @@ async def run_size(
             "pg_per_cert_to_parked": full_delta.per(len(measured)),
             "worker_log_levels": dep.worker_log_levels(),
             "temporal": history,
+            # Recorded by the server (billable), not in histories: to the run parked.
+            "heartbeats_per_cert": _r(heartbeats / len(measured), 2),
         }
         t = result["time_to_active_seconds"]
         log(

@@ -154,13 +154,14 @@ def _certflow_row(label: str, run: dict[str, Any]) -> tuple[str, ...]:
     return (label, _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(run["wall_seconds"], 2),
             _fmt(run["certs_per_second"], 2), _fmt(run["worker_peak_rss_mb"], 1), _fmt(stmt, 1),
             _fmt(run["temporal"]["events_per_cert_to_active"], 0),
-            _fmt(run["temporal"].get("billable_actions_per_cert_to_active"), 0), cpu_split(run))
+            _fmt(run["temporal"].get("billable_actions_per_cert_to_active"), 0),
+            _fmt(run.get("heartbeats_per_cert"), 2), cpu_split(run))
 
 
 def table(result: dict[str, Any]) -> str:
     header = (
         "", "p50 s", "p95 s", "wall s", "certs/s", "peak RSS MB", "PG stmt/cert", "events/cert",
-        "billable/cert", "CPU s/cert worker+temporal+pg",
+        "billable/cert", "heartbeats/cert", "CPU s/cert worker+temporal+pg",
     )
     rows: list[tuple[str, ...]] = [header]
     for mode in ("plain", "floor"):
@@ -172,7 +173,7 @@ def table(result: dict[str, Any]) -> str:
                 continue
             lat = trial["seconds_per_cert"]
             rows.append((f"{mode} ({label})", _fmt(lat["p50"]), _fmt(lat["p95"]), _fmt(trial["wall_seconds"], 2),
-                         _fmt(trial["certs_per_second"], 2), "-", "-", "-", "-", "-"))
+                         _fmt(trial["certs_per_second"], 2), "-", "-", "-", "-", "-", "-"))
     before = result.get("before") or {}
     for n, run in result["certflow"].items():
         old = (before.get("certflow") or {}).get(n)

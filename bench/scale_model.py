@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from activities.renewal_info import PAGE as ARI_PAGE
-from bench.actions import ACTION_KINDS
+from bench.actions import ACTION_KINDS, HEARTBEAT
 from certflow.worker_settings import Settings
 
 SWEEP_SECONDS = float(Settings.model_fields["renewal_info_sweep_seconds"].default)
@@ -31,7 +31,6 @@ PASSES_PER_DAY = DAY / RECONCILE_SECONDS
 EXTRAPOLATE = (100_000, 1_000_000)
 TARGET_ACTIONS, TARGET_STATEMENTS, TARGET_RECONCILE_CPU, TARGET_REFRESH_MS = 50.0, 1.0, 2.0, 50.0
 ENSURE_SQL = "INSERT INTO certificates AS c"
-HEARTBEAT = "grpc_RecordActivityTaskHeartbeat"
 BENCH_ONLY = ("grpc_PatchSchedule",)  # the bench's own pause/unpause of the schedule
 SWEEP_SQL = ("ari_next_check_at <= now()", "AS a(id, serial, window_start")
 

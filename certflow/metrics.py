@@ -88,6 +88,11 @@ class CertflowMetrics:
             "certflow_http01_self_check_total",
             "HTTP-01 self-checks before accept, by result and (for errors) reason",
         )
+        self._given_up = meter.create_counter(
+            "certflow_certificates_given_up_total",
+            "Hostnames certflow stopped trying for, by reason: abandoned (never made"
+            " ready in PENDING_TIMEOUT_DAYS), departed (expired no longer routed to us)",
+        )
         self._cooldown_reset: asyncio.TimerHandle | None = None
         self._changes = ChangeFeed()
         self._counts: dict[str, int] = {}
@@ -106,6 +111,10 @@ class CertflowMetrics:
         self._http01_self_checks.with_additional_attributes(
             {"result": result, "reason": reason or "none"}
         ).add(1)
+
+    def given_up(self, reason: str) -> None:
+        """Count one hostname given up on (``abandoned`` or ``departed``)."""
+        self._given_up.with_additional_attributes({"reason": reason}).add(1)
 
     def acme_error(self, problem_type: str) -> None:
         self._acme_errors.with_additional_attributes({"problem_type": problem_label(problem_type)}).add(1)

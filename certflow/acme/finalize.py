@@ -38,6 +38,16 @@ from certflow.store import issued
 
 FINALIZE_WAIT = 30.0
 FIRST_RENEWAL_INFO_TIMEOUT = 5.0  # inside finalize's 10 s heartbeat timeout
+QUIET_START = 3.0
+"""No heartbeat in an attempt's first seconds: a finalization usually ends sooner,
+and each heartbeat the server records is a billable action. The 10 s heartbeat
+timeout still holds: after these seconds every poll heartbeats, and the renewal
+information asked last takes at most FIRST_RENEWAL_INFO_TIMEOUT."""
+
+
+def _heartbeat_after_quiet_start(started: float) -> None:
+    if time.monotonic() - started >= QUIET_START:
+        activity.heartbeat()
 
 
 def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
@@ -57,6 +67,7 @@ class OrderFinalization(IssuerExchange):
     # -- finalize_and_store --------------------------------------------------
 
     async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
+        started = time.monotonic()
         earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
         if earlier.stored is not None:  # an earlier attempt committed
             stored_leaf, stored_window = earlier.stored
@@ -95,7 +106,7 @@ class OrderFinalization(IssuerExchange):
                 code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
             )
 
-        certificate_url = await self._wait_until_issued(input.order_url)
+        certificate_url = await self._wait_until_issued(input.order_url, started)
         fullchain = await self._call(lambda client: self._download(client, certificate_url))
         leaf, chain = split_fullchain(fullchain)
         if not public_key_matches(leaf, key):
@@ -104,7 +115,7 @@ class OrderFinalization(IssuerExchange):
                 message="the issued certificate does not match the stored key",
             )
         info = certificate_info(leaf)
-        window = await self._first_renewal_info(leaf)
+        window = await self._first_renewal_info(leaf, started)
         if not await issued.store_issued(
             self._pool,
             input.certificate_id,
@@ -121,7 +132,7 @@ class OrderFinalization(IssuerExchange):
             )
         return _issued(info, window)
 
-    async def _first_renewal_info(self, leaf_pem: str) -> RenewalAdvice:
+    async def _first_renewal_info(self, leaf_pem: str, started: float) -> RenewalAdvice:
         """The new certificate's ARI window, asked once before it is stored (best
         effort, short): the workflow then sleeps straight to it, and the sweep's first
         look finds nothing moved — no signal, no extra workflow task per renewal."""
@@ -129,7 +140,7 @@ class OrderFinalization(IssuerExchange):
         url = renewal_info_url(str(base_url), leaf_pem) if base_url else None
         if url is None:
             return RenewalAdvice()
-        activity.heartbeat()
+        _heartbeat_after_quiet_start(started)
         return await fetch_renewal_info(
             self._clients, self._executor, url, timeout=FIRST_RENEWAL_INFO_TIMEOUT
         )
@@ -149,13 +160,13 @@ class OrderFinalization(IssuerExchange):
             if err.code not in ("orderNotReady", "malformed"):
                 raise
 
-    async def _wait_until_issued(self, order_url: str) -> str:
+    async def _wait_until_issued(self, order_url: str, started: float) -> str:
         deadline = time.monotonic() + FINALIZE_WAIT
         interval = FAST_POLL_FIRST
         while True:
             fetched = await self._poll(order_url)
             order = fetched.body
-            activity.heartbeat()
+            _heartbeat_after_quiet_start(started)
             if order.get("status") == AcmeStatus.VALID and order.get("certificate"):
                 return str(order["certificate"])
             if order.get("status") == AcmeStatus.INVALID:

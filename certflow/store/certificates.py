@@ -171,27 +171,30 @@ async def record_failure(
 
 async def give_up(
     pool: asyncpg.Pool, certificate_id: str, status: CertificateStatus, code: ErrorCode, message: str
-) -> bool:
+) -> tuple[bool, bool]:
     """Stop trying for a hostname: a PENDING row CANCELED, or an EXPIRED row kept
     EXPIRED, with the code that says why (ABANDONED, DEPARTED) and any open order
-    dropped. False when the row is gone or moved on."""
-    result = await pool.fetchval(
+    dropped. Returns (done, first): done False when the row is gone or moved on;
+    first False when the row already had that code (an attempt retried after its
+    commit, whose answer was lost)."""
+    row = await pool.fetchrow(
         """
-        UPDATE certificates SET
+        UPDATE certificates AS c SET
             status = $2, provisioning_error = $3, provisioning_error_message = $4,
             http_order_url = NULL, http_challenge_url = NULL, http_challenge_token = NULL,
             http_challenge_key_auth = NULL, updated_at = now()
-        WHERE id = $1::uuid
-          AND (($2 = 'CANCELED' AND status IN ('PENDING', 'PROVISIONING'))
-               OR ($2 = 'EXPIRED' AND status = 'EXPIRED'))
-        RETURNING true
+        FROM (SELECT provisioning_error FROM certificates WHERE id = $1::uuid FOR UPDATE) AS before
+        WHERE c.id = $1::uuid
+          AND (($2 = 'CANCELED' AND c.status IN ('PENDING', 'PROVISIONING'))
+               OR ($2 = 'EXPIRED' AND c.status = 'EXPIRED'))
+        RETURNING before.provisioning_error IS DISTINCT FROM $3 AS first
         """,
         certificate_id,
         str(status),
         str(code),
         message,
     )
-    return bool(result)
+    return (False, False) if row is None else (True, bool(row["first"]))
 
 async def load_record(
     pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None

@@ -17,12 +17,14 @@ import base64
 import gzip
 import http.server
 import os
+import re
 import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -535,3 +537,28 @@ def describe(report: Any) -> str:
         f"{report.status} {report.error_code} retry_count={report.retry_count} "
         f"phase={report.phase!r} msg={report.error_message!r}"
     )
+
+
+def scrape_metrics(env: dict[str, str]) -> dict[str, float]:
+    """Every series of the worker's /metrics (labels in the name) and its value."""
+    url = f"http://{env['CERTFLOW_METRICS_LISTEN']}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    series: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            # Drop the exporter's own label so tests read like dashboards.
+            name = re.sub(r',?service_name="[^"]*"', "", name).replace("{,", "{").replace("{}", "")
+            series[name] = float(value)
+    return series
+
+
+def metric_value(series: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the series of name whose labels include these."""
+    total = 0.0
+    for key, value in series.items():
+        if key.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in key for k, v in labels.items()):
+            total += value
+    return total

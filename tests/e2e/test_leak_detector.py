@@ -75,6 +75,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from devstack import servers
 from certflow.logs import JsonFormatter
 from tests.leaks import Findings, key_needles, log_leaks, scan_bytes, table_leaks, workflow_leaks
+from tests.conftest import LEAK_LAB_NAMESPACE
 
 pytestmark = pytest.mark.e2e
 
@@ -305,7 +306,9 @@ class Lab:
 
 @pytest.fixture(scope="module")
 async def lab(temporal: servers.TemporalDevServer) -> AsyncIterator[Lab]:
-    client = await Client.connect(temporal.address, data_converter=pydantic_data_converter)
+    client = await Client.connect(
+        temporal.address, namespace=LEAK_LAB_NAMESPACE, data_converter=pydantic_data_converter
+    )
     task_queue = f"leak-detector-{uuid.uuid4().hex[:8]}"
     await client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import time
-import urllib.request
 import uuid
 
 import pytest
@@ -29,6 +27,8 @@ from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment, worker_log_after_sentinel
 from tests.leaks import key_needles, log_leaks, scan_bytes
 from tests.e2e.fault_fixtures import (
+    metric_value,
+    scrape_metrics,
     ObservedStack,
     observed_client,  # noqa: F401 - fixture
     observed_stack,  # noqa: F401 - fixture
@@ -39,30 +39,6 @@ pytestmark = pytest.mark.e2e
 
 STEPS = "certmanager_certificate_provision_steps_total"
 STEP_DURATIONS = "certmanager_certificate_provision_step_duration_seconds_count"
-
-
-def _scrape(env: dict[str, str]) -> dict[str, float]:
-    url = f"http://{env['CERTFLOW_METRICS_LISTEN']}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    series: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            # Drop the exporter's own label so tests read like dashboards.
-            name = re.sub(r',?service_name="[^"]*"', "", name).replace("{,", "{").replace("{}", "")
-            series[name] = float(value)
-    return series
-
-
-def _value(series: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of the series of name whose labels include these."""
-    total = 0.0
-    for key, value in series.items():
-        if key.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in key for k, v in labels.items()):
-            total += value
-    return total
 
 
 async def _issue(deployment: Deployment, client: CertflowClient, label: str) -> str:
@@ -85,15 +61,15 @@ async def test_metrics_after_issuance_have_the_original_names(
     delta was 0 and the test failed (the old cumulative ``>= 1`` still passed)."""
     env = observed_stack.stack.env
     phases = ("dns_check", "create_order", "poll_order", "issue_cert")
-    before = _scrape(env)
+    before = scrape_metrics(env)
     hostname = observed_stack.stack.hostname("metrics")
     await observed_client.request([hostname])
     await wait_for(observed_client, hostname, lambda r: r.status == "ACTIVE", timeout=60)
-    after = _scrape(env)
+    after = scrape_metrics(env)
     deltas = {
         phase: (
-            _value(after, STEPS, phase=phase, result="ok") - _value(before, STEPS, phase=phase, result="ok"),
-            _value(after, STEP_DURATIONS, phase=phase) - _value(before, STEP_DURATIONS, phase=phase),
+            metric_value(after, STEPS, phase=phase, result="ok") - metric_value(before, STEPS, phase=phase, result="ok"),
+            metric_value(after, STEP_DURATIONS, phase=phase) - metric_value(before, STEP_DURATIONS, phase=phase),
         )
         for phase in phases
     }
@@ -112,9 +88,9 @@ async def test_metrics_after_issuance_have_the_original_names(
         soonest = await pool.fetchval(
             "SELECT min(ssl_expires_at) FROM certificates WHERE status IN ('ACTIVE', 'RENEWING')"
         )
-        series = _scrape(env)
-        shown = _value(series, "certflow_certificates", status="ACTIVE")
-        stamp = _value(series, "certflow_certificate_soonest_expiry_timestamp_seconds")
+        series = scrape_metrics(env)
+        shown = metric_value(series, "certflow_certificates", status="ACTIVE")
+        stamp = metric_value(series, "certflow_certificate_soonest_expiry_timestamp_seconds")
         # Fresh certificates: none within EXPIRING_SOON_DAYS, but the series is there.
         expiring = [k for k in series if k.startswith("certflow_certificates_expiring_soon{")]
         if (
@@ -122,7 +98,7 @@ async def test_metrics_after_issuance_have_the_original_names(
             and shown == active
             and abs(stamp - soonest.timestamp()) < 1
             and len(expiring) == 2
-            and _value(series, "certflow_certificates_expiring_soon") == 0
+            and metric_value(series, "certflow_certificates_expiring_soon") == 0
         ):
             break
         assert time.monotonic() < deadline, (
@@ -135,12 +111,12 @@ async def test_dns_error_is_counted(
     observed_stack: ObservedStack, observed_client: CertflowClient
 ) -> None:
     env = observed_stack.stack.env
-    before = _value(_scrape(env), STEPS, phase="dns_check", result="dns_error")
+    before = metric_value(scrape_metrics(env), STEPS, phase="dns_check", result="dns_error")
     hostname = observed_stack.stack.bare_hostname("metrics-dns")
     try:
         await observed_client.request([hostname])
         await wait_for(observed_client, hostname, lambda r: r.error_code == "DNS_CNAME", timeout=30)
-        after = _value(_scrape(env), STEPS, phase="dns_check", result="dns_error")
+        after = metric_value(scrape_metrics(env), STEPS, phase="dns_check", result="dns_error")
         assert after - before >= 1, (before, after)
     finally:
         await observed_client.cancel(hostname)  # no more re-checks counted in later tests
@@ -159,11 +135,11 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
         "urn:ietf:params:acme:error:rateLimited", "test",
     )
     def shown() -> tuple[float, float]:
-        series = _scrape(env)
+        series = scrape_metrics(env)
         return (
-            _value(series, "certmanager_certificate_acme_cooldown"),
+            metric_value(series, "certmanager_certificate_acme_cooldown"),
             # What the account-wide cooldown alert reads (deploy/prometheus/).
-            _value(series, "certflow_acme_cooldowns", scope="account"),
+            metric_value(series, "certflow_acme_cooldowns", scope="account"),
         )
 
     try:
@@ -171,7 +147,7 @@ async def test_cooldown_gauge_follows_the_shared_cooldown(
         while shown() != (1, 1):
             assert time.monotonic() < deadline, f"cooldown gauges never went to 1: {shown()}"
             await asyncio.sleep(0.2)
-        stamp = _value(_scrape(env), "certmanager_certificate_acme_cooldown_until_timestamp_seconds")
+        stamp = metric_value(scrape_metrics(env), "certmanager_certificate_acme_cooldown_until_timestamp_seconds")
         assert abs(stamp - until.timestamp()) < 1
     finally:
         await cooldowns.clear_cooldowns(db)

@@ -26,7 +26,7 @@ from certflow.edge.serving import SniCertificates
 from devstack import servers
 from devstack.faultproxy import FaultProxy, start_fault_proxy
 from devstack.realdns import RealDns, start_real_dns
-from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, wait_for
+from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, metric_value, scrape_metrics, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -101,12 +101,18 @@ def stack(
                 "CERTFLOW_PENDING_TIMEOUT_DAYS": str(PENDING_TIMEOUT_S / 86400),
                 # Only an expired hostname no longer routed to us reads it (one test).
                 "CERTFLOW_DEPARTED_RETENTION_DAYS": str(DEPARTED_RETENTION_S / 86400),
+                "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
                 **SHORT_POLICY,
             },
         )
         worker = servers.start_worker(workdir / "workers", env)
         cleanup.callback(worker.stop)
         yield OwnershipStack(dns, pebble, proxy, temporal, env, worker)
+
+
+def _given_up(stack: OwnershipStack, reason: str) -> float:
+    """The worker's ``certflow_certificates_given_up_total`` for one reason."""
+    return metric_value(scrape_metrics(stack.env), "certflow_certificates_given_up_total", reason=reason)
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +219,7 @@ async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, c
     row is CANCELED with ABANDONED, an event says why, the workflow has ended, and
     nothing was ever ordered."""
     hostname = f"gone.o{uuid.uuid4().hex[:8]}.test"  # no DNS at all
+    abandoned_before = _given_up(stack, "abandoned")
     await client.request([hostname], tenant_id="tenant-late")
     report = await wait_for(
         client, hostname, lambda r: r.status == "CANCELED", timeout=PENDING_TIMEOUT_S + 60
@@ -223,6 +230,7 @@ async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, c
     assert stack.proxy.new_orders_for(hostname) == 0
     events = [e.error_code for e in await client.events(hostname)]
     assert "ABANDONED" in [str(code) for code in events if code], events
+    assert _given_up(stack, "abandoned") == abandoned_before + 1
 
 
 async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
@@ -243,6 +251,7 @@ async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
     never ending the run, the row went EXPIRED with DEPARTED but the workflow kept
     re-checking and the wait for its end timed out (TimeoutError)."""
     hostname = stack.hostname("departing")
+    departed_before = _given_up(stack, "departed")
     stack.prove(client, hostname, "tenant-gone")
     await client.request([hostname], tenant_id="tenant-gone")
     first = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=60)
@@ -267,7 +276,7 @@ async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
     departed = await wait_for(
         client, hostname, lambda r: r.error_code == "DEPARTED", timeout=EXPIRES_IN_S + 60
     )
-    assert departed.status == "EXPIRED" and "departed" in (departed.error_message or "")
+    assert departed.status == "EXPIRED"
     handle = client.handle(hostname)
     await asyncio.wait_for(handle.result(), timeout=DEPARTED_RETENTION_S + 60)  # the run ended
     description = await handle.describe()
@@ -278,4 +287,8 @@ async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
     assert row is not None and (row["status"], row["provisioning_error"]) == ("EXPIRED", "DEPARTED")
     assert stack.proxy.new_orders_for(hostname) == 1
     events = await client.events(hostname)
-    assert any(e.to_status == "EXPIRED" and e.error_code == "DEPARTED" for e in events), events
+    assert any(
+        e.to_status == "EXPIRED" and e.error_code == "DEPARTED" and "departed: expired" in (e.message or "")
+        for e in events
+    ), events
+    assert _given_up(stack, "departed") == departed_before + 1

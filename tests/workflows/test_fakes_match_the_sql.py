@@ -50,6 +50,7 @@ from certflow.store.db import create_pool, migrate
 from certflow.errors import ErrorCode
 from certflow.models import CertificateRecord, CertificateStatus
 from certflow.activity_payloads import (
+    GiveUpInput,
     EnsureCertificateInput,
     EnsureCertificateResult,
     OpenedOrder,
@@ -184,6 +185,22 @@ TRANSITIONS: list[Transition] = [
     Transition("reopen_failed", "reopen_failed", lambda c: c.certificate_id),
     Transition("begin_renewal", "begin_renewal", lambda c: c.certificate_id),
     Transition("mark_expired", "mark_expired", lambda c: c.certificate_id),
+    Transition(
+        "give_up(abandoned)",
+        "give_up",
+        lambda c: GiveUpInput(
+            certificate_id=c.certificate_id, status=S.CANCELED, code=ErrorCode.ABANDONED,
+            message="abandoned: no validation method was ready",
+        ),
+    ),
+    Transition(
+        "give_up(departed)",
+        "give_up",
+        lambda c: GiveUpInput(
+            certificate_id=c.certificate_id, status=S.EXPIRED, code=ErrorCode.DEPARTED,
+            message="departed: expired, and no longer routed to us",
+        ),
+    ),
     Transition("cancel", "cancel_certificate", lambda c: c.certificate_id),
     Transition("delete", "delete_certificate", lambda c: c.certificate_id),
     Transition("load", "load_certificate", lambda c: c.certificate_id),
@@ -247,6 +264,7 @@ def _real_activities(pool: asyncpg.Pool) -> dict[str, Callable[[Any], Awaitable[
             real.mark_expired,
             real.cancel_certificate,
             real.delete_certificate,
+            real.give_up,
         ]
     )
 
