@@ -3,6 +3,7 @@
     python -m bench --quick                       # sizes 1,10, short baseline trials
     python -m bench --sizes 1,50,500 --idle 5000  # the full run
     python -m bench --scale 20000                 # only the scale phase, merged into --out
+    python -m bench --methods 7                   # only dns-01 beside http-01 on real DNS, merged into --out
     python -m bench --sizes 1,50 --compare REF --write-docs
                                                   # REF's product beside the tree's; the table into docs/performance.md
 
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, report, scale_model
+from bench import baselines, methods, report, scale_model
 from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
@@ -58,6 +59,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scale-seconds", type=float, default=600.0,
         help="steady window of the scale phase (default 600: one renewal-info sweep interval)",
+    )
+    parser.add_argument(
+        "--methods", type=int, nargs="?", const=7, default=0, metavar="K",
+        help="only the validation-method phase: K issuances over http-01, then K over delegated"
+        " dns-01, on real DNS (Knot + Unbound; default K 7); its results go under the 'methods'"
+        " key of --out, the other keys are kept",
     )
     parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
@@ -164,18 +171,27 @@ def _run_meta(stack: Stack, began: float, code_at_start: str) -> dict[str, Any]:
     }
 
 
-def main_scale(args: argparse.Namespace) -> int:
-    """The scale phase alone; its result replaces the ``scale`` key of ``--out``."""
-    warning = scale_model.check_interval(args.scale_seconds)
-    if warning:
-        log(f"WARNING: {warning}")
+async def run_methods_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    await asyncio.to_thread(stack.wait_machine_quiet, "methods")
+    log(f"methods: {args.methods} issuances over http-01, then {args.methods} over dns-01")
+    found = await methods.run_methods(stack, args.methods, workdir / "methods", log)
+    return {"blocks": found}
+
+
+def main_phase(args: argparse.Namespace, key: str) -> int:
+    """One phase alone (``scale`` or ``methods``); its result replaces that key of ``--out``."""
+    if key == "scale":
+        warning = scale_model.check_interval(args.scale_seconds)
+        if warning:
+            log(f"WARNING: {warning}")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()
     log(f"bench: servers starting (workdir {workdir})")
     stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
+    phase = run_scale_phase if key == "scale" else run_methods_phase
     try:
-        found = asyncio.run(run_scale_phase(stack, args, workdir))
+        found = asyncio.run(phase(stack, args, workdir))
     finally:
         stack.stop(drop_databases=not args.keep)
         if not args.keep and args.workdir is None:
@@ -186,24 +202,30 @@ def main_scale(args: argparse.Namespace) -> int:
         "command": " ".join(["python -m bench", *(sys.argv[1:] if sys.argv[1:] else [])]),
     }
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results["scale"] = found
+    results[key] = found
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    shown = scale_model.table(found) if key == "scale" else methods.table(found["blocks"])
     log("")
-    log(scale_model.table(found))
+    log(shown)
+    if args.write_docs and key == "methods":
+        report.write_docs(report.methods_markdown(found, shown), DOCS, report.METHODS_BLOCK)
+        log(f"\nwrote the table into {DOCS}")
     if found["meta"]["code_at_start"] != found["meta"]["code_at_end"]:
         log("WARNING: the live tree changed during the run; workers ran from the snapshot taken at the start")
-    bad = {k: v for k, v in found["worker_log_levels"].items() if k in ("warning", "error", "critical")}
+    bad = {k: v for k, v in found.get("worker_log_levels", {}).items() if k in ("warning", "error", "critical")}
     if bad:
         log(f"WARNING: the worker logged {bad} (see the worker log)")
-    log(f"\nresults: {args.out} (key 'scale'; total {found['meta']['total_seconds']} s)")
+    log(f"\nresults: {args.out} (key {key!r}; total {found['meta']['total_seconds']} s)")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.scale:
-        return main_scale(args)
+        return main_phase(args, "scale")
+    if args.methods:
+        return main_phase(args, "methods")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()
@@ -243,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         result["before"] = {"ref": args.compare, "certflow": before}
     if args.out.exists():  # the scale phase's results (``--scale``) stay
         kept = json.loads(args.out.read_text())
-        result.update({k: v for k, v in kept.items() if k.startswith("scale")})
+        result.update({k: v for k, v in kept.items() if k.startswith("scale") or k == "methods"})
     result["ratios"] = report.ratios(found_baselines, sizes)
     result["targets"] = report.targets(found_baselines, sizes, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     log("")
     log(report.table(result))
     if args.write_docs:
-        report.write_docs(result, DOCS)
+        report.write_docs(report.markdown(result), DOCS)
         log(f"\nwrote the table into {DOCS}")
     for warning in report.warnings(result):
         log(f"WARNING: {warning}")

@@ -19,6 +19,7 @@ from devstack import servers
 from bench.stats import summary
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.contract import workflow_id_for
+from certflow.models import RequestedMethod
 
 # The 5-minute reconcile job is not per-certificate work; it is on in the idle phase.
 ISSUE_ENV = {"CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0"}
@@ -98,12 +99,17 @@ class Batch:
 
 
 async def issue(
-    dep: Deployment, watcher: Watcher, hostnames: list[str], timeout: float, poll: float
+    dep: Deployment,
+    watcher: Watcher,
+    hostnames: list[str],
+    timeout: float,
+    poll: float,
+    method: RequestedMethod | None = None,
 ) -> Batch:
     """Request all hostnames in one ``CertflowClient.request`` call; wait until all are
     ACTIVE (or the timeout)."""
     requested = time.time()
-    request = asyncio.create_task(dep.client.request(hostnames))
+    request = asyncio.create_task(dep.client.request(hostnames, method=method))
     deadline = time.monotonic() + timeout
     all_seen = None
     while time.monotonic() < deadline:

@@ -239,8 +239,13 @@ def warnings(result: dict[str, Any]) -> list[str]:
     return found
 
 
-DOCS_BEGIN = "<!-- bench:issuance:begin (written by python -m bench --write-docs) -->"
-DOCS_END = "<!-- bench:issuance:end -->"
+def _block(name: str, command: str) -> tuple[str, str]:
+    """The markers around the bench's block ``name`` in the docs."""
+    return f"<!-- bench:{name}:begin (written by {command}) -->", f"<!-- bench:{name}:end -->"
+
+
+ISSUANCE_BLOCK = _block("issuance", "python -m bench --write-docs")
+METHODS_BLOCK = _block("methods", "python -m bench --methods --write-docs")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -260,8 +265,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(head + rows + ["```"])
 
 
-def write_docs(result: dict[str, Any], path: Path) -> None:
-    """Replace the bench's block in ``path`` (between DOCS_BEGIN and DOCS_END)."""
+def methods_markdown(found: dict[str, Any], table_text: str) -> str:
+    """The methods table as the docs show it, with the run it comes from."""
+    meta = found["meta"]
+    return "\n".join([
+        f"Run at commit {meta['code_at_start']} (`{meta['command']}`), {meta['cpus']} cores,"
+        f" Python {meta['python']}, finished {meta['finished_at']}:",
+        "",
+        table_text,
+    ])
+
+
+def write_docs(body: str, path: Path, block: tuple[str, str] = ISSUANCE_BLOCK) -> None:
+    """Replace the bench's ``block`` in ``path`` (between its two markers) with ``body``."""
+    begin, end_marker = block
     text = path.read_text()
-    start, end = text.index(DOCS_BEGIN) + len(DOCS_BEGIN), text.index(DOCS_END)
-    path.write_text(text[:start] + "\n" + markdown(result) + "\n" + text[end:])
+    start, end = text.index(begin) + len(begin), text.index(end_marker)
+    path.write_text(text[:start] + "\n" + body + "\n" + text[end:])
