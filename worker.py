@@ -192,7 +192,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         await install_renewal_info_schedule(
             client, settings.task_queue, settings.renewal_info_sweep_seconds
         )
-    return WorkerParts(worker, ChallengeResponder(pool), metrics, runtime is not None, executor)
+    return WorkerParts(worker, ChallengeResponder(pool, metrics=metrics), metrics, runtime is not None, executor)
 
 
 async def issuer_account(

@@ -88,6 +88,11 @@ class CertflowMetrics:
             "certflow_http01_self_check_total",
             "HTTP-01 self-checks before accept, by result and (for errors) reason",
         )
+        self._responder_requests = meter.create_counter(
+            "certflow_http01_responder_requests_total",
+            "Requests the HTTP-01 responder answered, by result: answered (a challenge"
+            " found), not_found, method_not_allowed",
+        )
         self._given_up = meter.create_counter(
             "certflow_certificates_given_up_total",
             "Hostnames certflow stopped trying for, by reason: abandoned (never made"
@@ -111,6 +116,11 @@ class CertflowMetrics:
         self._http01_self_checks.with_additional_attributes(
             {"result": result, "reason": reason or "none"}
         ).add(1)
+
+    def responder_request(self, result: str) -> None:
+        """Count one request to the HTTP-01 responder: whether the CA (or anyone)
+        reaches the edge at all is the first question of a failing http-01."""
+        self._responder_requests.with_additional_attributes({"result": result}).add(1)
 
     def given_up(self, reason: str) -> None:
         """Count one hostname given up on (``abandoned`` or ``departed``)."""

@@ -21,6 +21,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from certflow.metrics import CertflowMetrics
 from certflow.store import challenges
 
 Scope = MutableMapping[str, Any]
@@ -53,8 +54,14 @@ def _request_host(scope: Scope) -> str | None:
 class ChallengeResponder:
     """ASGI app serving open HTTP-01 challenges from Postgres, with a short cache."""
 
-    def __init__(self, pool: asyncpg.Pool, cache_seconds: float = CACHE_SECONDS) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        cache_seconds: float = CACHE_SECONDS,
+        metrics: CertflowMetrics | None = None,
+    ) -> None:
         self._pool = pool
+        self._metrics = metrics or CertflowMetrics()
         self._cache_seconds = cache_seconds
         # Only answers found are cached: a challenge is committed before the CA is
         # told to fetch it, so a miss must always look again.
@@ -83,16 +90,20 @@ class ChallengeResponder:
         path: str = scope.get("path", "")
         token = path[len(CHALLENGE_PREFIX) :] if path.startswith(CHALLENGE_PREFIX) else None
         if token is None or not _TOKEN.fullmatch(token):
+            self._metrics.responder_request("not_found")
             await _respond(send, 404, b"not found\n")
             return
         if scope.get("method") not in ("GET", "HEAD"):
+            self._metrics.responder_request("method_not_allowed")
             await _respond(send, 405, b"method not allowed\n", allow=b"GET, HEAD")
             return
         host = _request_host(scope)
         body = await self._lookup(token, host) if host else None
         if body is None:
+            self._metrics.responder_request("not_found")
             await _respond(send, 404, b"not found\n")
             return
+        self._metrics.responder_request("answered")
         payload = body.encode()
         await _respond(send, 200, b"" if scope["method"] == "HEAD" else payload, length=len(payload))
 

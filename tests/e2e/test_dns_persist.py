@@ -123,7 +123,10 @@ async def test_a_persist_record_issues_with_nothing_written_in_dns(
     stack: PersistStack, client: CertflowClient
 ) -> None:
     """The customer publishes what ``check`` says, once: ACTIVE over dns-persist-01 at a
-    CA that offers it, one order, for a hostname not routed to us."""
+    CA that offers it, one order, for a hostname not routed to us.
+
+    Shown red: with dns-persist-01 left out of ``auto``'s candidates in
+    certflow/dns/checks.py, the hostname waited on DNS_CNAME and never went ACTIVE."""
     hostname = stack.customer("persist")
     record = _persist_record(stack, hostname)
     assert record["name"] == f"_validation-persist.{hostname}"
@@ -165,7 +168,10 @@ async def test_a_wildcard_over_dns_persist_is_served_one_label_below(
     stack: PersistStack, client: CertflowClient
 ) -> None:
     """``*.shop…`` with ``policy=wildcard`` (which ``check`` includes for a wildcard):
-    ACTIVE, served by the edge for ``a.shop…`` and not for ``a.b.shop…``."""
+    ACTIVE, served by the edge for ``a.shop…`` and not for ``a.b.shop…``.
+
+    Shown red: with ``SniCertificates._served_name`` matching a wildcard any number
+    of labels up, ``serial_for("a.b.…")`` was the wildcard's serial."""
     base = stack.customer("wildp")
     wildcard = f"*.{base}"
     record = _persist_record(stack, wildcard)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.server
 import json
 import secrets
 import ssl
@@ -38,7 +39,7 @@ from devstack import servers
 from devstack.dns01zone import Dns01Zone, start_dns01_zone
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns, start_real_dns
-from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, wait_for
+from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, metric_value, scrape_metrics, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -97,6 +98,34 @@ class CaView:
             return [kind for name, kind in self.posted if name == identifier]
 
 
+class OldProvider:
+    """The customer's current provider at ``NOWHERE``: an HTTP server on the port the CA
+    and the self-check fetch HTTP-01 from, counting requests by Host. A hostname
+    validated over DNS must see none: nothing fetched over HTTP for it."""
+
+    def __init__(self, port: int) -> None:
+        self.requests: dict[str, int] = {}
+        lock = threading.Lock()
+        counts = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                host = (self.headers.get("Host") or "?").split(":")[0].lower()
+                with lock:
+                    counts[host] = counts.get(host, 0) + 1
+                self.send_error(404)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((NOWHERE, port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 @dataclass
 class DnsValidationStack:
     zone: Dns01Zone
@@ -109,6 +138,7 @@ class DnsValidationStack:
     env: dict[str, str]
     workdir: Path
     worker: servers.WorkerProcess
+    old_provider: OldProvider
     extra_workers: list[servers.WorkerProcess] = field(default_factory=list)
 
     @property
@@ -144,6 +174,8 @@ def stack(
             workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
         )
         cleanup.callback(pebble.stop)
+        old_provider = OldProvider(pebble.http01_port)
+        cleanup.callback(old_provider.stop)
         proxy = start_fault_proxy(pebble, workdir / "pebble")
         cleanup.callback(proxy.stop)
         ca = CaView()
@@ -163,10 +195,13 @@ def stack(
                 "CERTFLOW_DNS01_ZONE": zone.zone,
                 "CERTFLOW_DNS01_PRIMARY": zone.primary,
                 "CERTFLOW_DNS01_TSIG_KEY": zone.tsig_key,
+                "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
             },
         )
         worker = servers.start_worker(workdir / "workers", env)
-        result = DnsValidationStack(zone, dns, pebble, proxy, ca, temporal, database_url, env, workdir, worker)
+        result = DnsValidationStack(
+            zone, dns, pebble, proxy, ca, temporal, database_url, env, workdir, worker, old_provider
+        )
         try:
             yield result
         finally:
@@ -191,6 +226,12 @@ def _txt_everywhere(stack: DnsValidationStack, hostname: str) -> list[list[str]]
     return [stack.zone.txt(label, server) for server in stack.zone.servers]
 
 
+def _responder_requests(stack: DnsValidationStack) -> float:
+    """Requests the worker's HTTP-01 responder has answered, whatever the result (the
+    module's tests run one at a time, so a delta over one test is that test's)."""
+    return metric_value(scrape_metrics(stack.env), "certflow_http01_responder_requests_total")
+
+
 async def _withdrawn(stack: DnsValidationStack, hostname: str, timeout: float = 30) -> list[list[str]]:
     """The TXT on both servers once it is gone (the row is ACTIVE before the workflow
     withdraws it), or as it is when the deadline passes."""
@@ -208,13 +249,19 @@ async def test_a_hostname_not_routed_to_us_issues_over_dns01_and_leaves_no_txt(
     """A shop still served by another provider (its A record elsewhere) but with the
     delegation in place: ACTIVE over dns-01 before any traffic moves, the accepted
     challenge a dns-01 one (no HTTP-01 validation was asked for), its TXT gone from
-    both servers of our zone afterwards.
+    both servers of our zone afterwards, and no HTTP request for it: none at its
+    current provider (where the CA and the self-check would fetch HTTP-01), none at
+    our responder.
 
     Shown red: with ``publish_dns01`` skipped in workflows/obtain.py (``publish``
     left False), Pebble found no TXT at _acme-challenge (NXDOMAIN through the
-    delegation), three orders went invalid and the certificate was FAILED."""
+    delegation), three orders went invalid and the certificate was FAILED. With the
+    self-check run whatever the method (``self_check = accept_first``), its fetch
+    reached the old provider (HTTP01_UNREACHABLE, ``127.0.0.9: … 404``) and the
+    certificate never went ACTIVE."""
     hostname = stack.customer("moving")
     stack.delegate(hostname)
+    responder_before = _responder_requests(stack)
     await client.request([hostname])
     report = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=90)
     row = await _row(client, hostname)
@@ -223,6 +270,8 @@ async def test_a_hostname_not_routed_to_us_issues_over_dns01_and_leaves_no_txt(
     assert stack.ca.orders(hostname) == 1
     assert stack.ca.accepted_types(hostname) == ["dns-01"], stack.ca.accepted_types(hostname)
     assert await _withdrawn(stack, hostname) == [[], []]
+    assert _responder_requests(stack) == responder_before
+    assert stack.old_provider.requests.get(hostname, 0) == 0, stack.old_provider.requests
     print(f"\n[dns-01] {hostname} ACTIVE, serial {report.serial}; TXT withdrawn from both servers")
 
 
@@ -230,13 +279,18 @@ async def test_moved_to_the_edge_later_it_renews_over_http01(
     stack: DnsValidationStack, client: CertflowClient
 ) -> None:
     """``auto`` re-decides at each attempt: once the customer points the hostname at
-    the edge and drops the delegation, its renewal goes over http-01."""
+    the edge and drops the delegation, its renewal goes over http-01 (the responder
+    answered the CA: the count the dns-01 test holds at zero does move).
+
+    Shown red: with http-01 left out of ``auto``'s candidates in certflow/dns/checks.py,
+    the renewal waited on DNS_DELEGATION (RENEWING) and never landed."""
     hostname = stack.customer("moved")
     stack.delegate(hostname)
     await client.request([hostname])
     first = await wait_for(client, hostname, lambda r: r.status == "ACTIVE", timeout=90)
     stack.dns.clear(f"_acme-challenge.{hostname}")
     stack.dns.set_cname(hostname, EDGE)
+    responder_before = _responder_requests(stack)
     await client.renew(hostname)
     renewed = await wait_for(
         client, hostname, lambda r: r.status == "ACTIVE" and r.serial != first.serial, timeout=90
@@ -246,13 +300,17 @@ async def test_moved_to_the_edge_later_it_renews_over_http01(
     assert renewed.serial != first.serial
     accepted = stack.ca.accepted_types(hostname)
     assert accepted[0] == "dns-01" and accepted[-1] == "http-01", accepted
+    assert _responder_requests(stack) > responder_before
 
 
 async def test_a_wildcard_over_dns01_is_served_one_label_below(
     stack: DnsValidationStack, client: CertflowClient
 ) -> None:
     """``*.shop…`` over dns-01: ACTIVE, and the TLS edge serves it for ``a.shop…`` but
-    not for ``a.b.shop…``; an exact hostname wins over the wildcard."""
+    not for ``a.b.shop…``; an exact hostname wins over the wildcard.
+
+    Shown red: with ``SniCertificates._served_name`` matching a wildcard any number
+    of labels up, ``context_for("a.b.…")`` returned the wildcard's context."""
     base = stack.customer("wild")
     wildcard = f"*.{base}"
     stack.delegate(wildcard)
@@ -274,6 +332,10 @@ async def test_a_wildcard_over_dns01_is_served_one_label_below(
 async def test_http01_is_refused_for_a_wildcard_before_anything_is_written(
     stack: DnsValidationStack, client: CertflowClient
 ) -> None:
+    """``request *.… --method http-01``: exit 2, one line, no row.
+
+    Shown red: with the wildcard guard in ``CertflowClient.request`` taken out, the
+    CLI printed "requested *.…" and exited 0."""
     wildcard = f"*.{stack.customer('nohttp')}"
     result = subprocess.run(
         [sys.executable, "starter.py", "request", wildcard, "--method", "http-01"],
@@ -294,7 +356,11 @@ async def test_without_the_delegation_dns01_waits_and_orders_nothing(
 ) -> None:
     """``--method dns-01`` for a hostname whose customer has not delegated yet:
     DNS_DELEGATION naming the exact record to add, re-checked with the budget
-    untouched, no order; issued within a re-check once the record appears."""
+    untouched, no order; issued within a re-check once the record appears.
+
+    Shown red: with ``check_delegation`` skipped in certflow/dns/checks.py, orders
+    were placed at once, Pebble found no TXT (``_acme-challenge`` unanswered) and
+    the certificate was FAILED ACME_FAILED, never DNS_DELEGATION."""
     hostname = stack.customer("later")
     await client.request([hostname], method=RequestedMethod.DNS_01)
     report = await wait_for(client, hostname, lambda r: r.error_code == "DNS_DELEGATION", timeout=60)
@@ -310,7 +376,10 @@ async def test_a_wrong_tsig_key_is_dns01_update_and_orders_nothing(
     stack: DnsValidationStack, client: CertflowClient
 ) -> None:
     """A worker whose key our primary refuses: DNS01_UPDATE with the server's answer,
-    before any order (the pre-check probes the update), nothing written."""
+    before any order (the pre-check probes the update), nothing written.
+
+    Shown red: with the pre-check's ``probe`` taken out of certflow/dns/checks.py,
+    the order was placed first and DNS01_UPDATE came after it (1 order, not 0)."""
     wrong = f"certflow-dns01:hmac-sha256:{base64.b64encode(secrets.token_bytes(32)).decode()}"
     queue = f"certflow-dns-wrongkey-{uuid.uuid4().hex[:6]}"
     env = {
@@ -318,6 +387,7 @@ async def test_a_wrong_tsig_key_is_dns01_update_and_orders_nothing(
         "CERTFLOW_DNS01_TSIG_KEY": wrong,
         "CERTFLOW_TASK_QUEUE": queue,
         "CERTFLOW_HTTP01_LISTEN": f"127.0.0.4:{stack.pebble.http01_port}",
+        "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
     }
     worker = servers.start_worker(stack.workdir / "workers", env, name="wrong-key")
     stack.extra_workers.append(worker)
