@@ -148,7 +148,11 @@ async def test_a_transfer_needs_the_new_tenants_proof_and_keeps_serving_until_re
 ) -> None:
     """Another tenant's request is refused; ``transfer --to`` without the new tenant's
     record exits 1 with one line and changes nothing; with it the hostname moves, the
-    old certificate is served until the new one (a new key, a new order) is stored."""
+    old certificate is served until the new one (a new key, a new order) is stored.
+
+    Shown red: with ``check_ownership`` taken out of ``transfer_certificate``
+    (activities/dns.py), ``transfer --to`` without the TXT exited 0 ("belongs to
+    tenant-b now")."""
     hostname = stack.hostname("moving")
     stack.prove(client, hostname, "tenant-a")
     await client.request([hostname], tenant_id="tenant-a")
@@ -188,6 +192,10 @@ async def test_a_transfer_needs_the_new_tenants_proof_and_keeps_serving_until_re
 
 
 async def test_an_apex_on_the_edges_addresses_issues(stack: OwnershipStack, client: CertflowClient) -> None:
+    """An apex (no CNAME possible) whose A records are the edge's: ACTIVE, one order.
+
+    Shown red: with the address branch of the routing check taken out (a missing
+    alias always refused), the apex waited on DNS_CNAME until abandoned."""
     apex = f"o{uuid.uuid4().hex[:8]}.test"
     stack.dns.set_a(apex, list(EDGE_ADDRESSES))
     stack.prove(client, apex, "tenant-apex")
@@ -217,7 +225,10 @@ async def test_a_partly_moved_apex_is_refused_naming_the_foreign_address(
 async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, client: CertflowClient) -> None:
     """Requested, never proven nor routed: after PENDING_TIMEOUT_DAYS (35 s here) the
     row is CANCELED with ABANDONED, an event says why, the workflow has ended, and
-    nothing was ever ordered."""
+    nothing was ever ordered.
+
+    Shown red: with the timeout check of ``_given_up`` (workflows/failures.py)
+    never true, the row stayed PENDING OWNERSHIP_UNVERIFIED past the wait."""
     hostname = f"gone.o{uuid.uuid4().hex[:8]}.test"  # no DNS at all
     abandoned_before = _given_up(stack, "abandoned")
     await client.request([hostname], tenant_id="tenant-late")
