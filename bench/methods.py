@@ -29,8 +29,8 @@ from certflow.contract import workflow_id_for
 from certflow.dns.dns01 import delegation_label
 from certflow.models import RequestedMethod
 from devstack import servers
-from devstack.dns01zone import start_dns01_zone
-from devstack.realdns import RealDns, start_real_dns
+from devstack.dns01zone import start_dns01_servers
+from devstack.realdns import RealDns
 
 ELSEWHERE = "127.0.0.9"
 """A customer's current provider: the dns-01 hostnames' traffic never reaches us."""
@@ -94,24 +94,11 @@ async def run_methods(
 ) -> dict[str, Any]:
     """http-01 then dns-01, ``count`` sequential issuances each, after one warm-up of each."""
     with contextlib.ExitStack() as cleanup:
-        zone = start_dns01_zone(workdir / "dns01")
-        cleanup.callback(zone.stop)
-        dns = start_real_dns(workdir / "dns", stubs=zone.stub)
-        cleanup.callback(dns.stop)
-        dns.set_a(CNAME_TARGET, ["127.0.0.1"])
-        pebble = servers.start_pebble(
-            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
-        )
-        cleanup.callback(pebble.stop)
-        env = {
-            **ISSUE_ENV,
-            "CERTFLOW_DNS_RESOLVER": dns.resolver,
-            "CERTFLOW_DNS01_ZONE": zone.zone,
-            "CERTFLOW_DNS01_PRIMARY": zone.primary,
-            "CERTFLOW_DNS01_TSIG_KEY": zone.tsig_key,
-        }
+        started = start_dns01_servers(workdir, cleanup, CNAME_TARGET)
+        zone, dns = started.zone, started.dns
+        env = {**ISSUE_ENV, **started.environment()}
         metrics_port = servers.free_port()
-        local = dataclasses.replace(stack, pebble=pebble)
+        local = dataclasses.replace(stack, pebble=started.pebble)
         dep = await deploy(local, workdir, "methods", env, ["--metrics-port", str(metrics_port)])
         try:
             watcher = Watcher(dep)

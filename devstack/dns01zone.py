@@ -14,6 +14,7 @@ Binding port 53 needs root (CI and the dev machine run as root).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import base64
 import secrets
@@ -29,8 +30,8 @@ import dns.query
 import dns.rdatatype
 import dns.rdtypes.ANY.TXT
 
-from devstack.realdns import _find_sbin
-from devstack.servers import StackError, _Process, _tcp_open
+from devstack.realdns import RealDns, _find_sbin, start_real_dns
+from devstack.servers import PebbleStack, StackError, _Process, _tcp_open, start_pebble
 
 PRIMARY_HOST = "127.0.2.1"
 SECONDARY_HOST = "127.0.2.2"
@@ -226,3 +227,37 @@ def start_dns01_zone(workdir: Path, zone: str = "acme.test") -> Dns01Zone:
         result.stop()
         raise
     return result
+
+
+@dataclass
+class Dns01Servers:
+    """What validation over DNS needs, started together: our challenge zone, Knot +
+    Unbound for the customers' names (the edge's A record in place), and Pebble
+    validating through that resolver."""
+
+    zone: Dns01Zone
+    dns: RealDns
+    pebble: PebbleStack
+
+    def environment(self) -> dict[str, str]:
+        """The worker settings that point certflow at these servers."""
+        return {
+            "CERTFLOW_DNS_RESOLVER": self.dns.resolver,
+            "CERTFLOW_DNS01_ZONE": self.zone.zone,
+            "CERTFLOW_DNS01_PRIMARY": self.zone.primary,
+            "CERTFLOW_DNS01_TSIG_KEY": self.zone.tsig_key,
+        }
+
+
+def start_dns01_servers(workdir: Path, cleanup: contextlib.ExitStack, edge: str) -> Dns01Servers:
+    """Start them in ``workdir``; each one's stop is pushed onto ``cleanup``."""
+    zone = start_dns01_zone(workdir / "dns01")
+    cleanup.callback(zone.stop)
+    dns = start_real_dns(workdir / "dns", stubs=zone.stub)
+    cleanup.callback(dns.stop)
+    dns.set_a(edge, ["127.0.0.1"])
+    pebble = start_pebble(
+        workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
+    )
+    cleanup.callback(pebble.stop)
+    return Dns01Servers(zone, dns, pebble)

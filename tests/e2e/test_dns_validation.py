@@ -36,9 +36,9 @@ from certflow.dns.dns01 import delegation_label
 from certflow.edge.serving import SniCertificates
 from certflow.models import RequestedMethod
 from devstack import servers
-from devstack.dns01zone import Dns01Zone, start_dns01_zone
+from devstack.dns01zone import Dns01Zone, start_dns01_servers
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
-from devstack.realdns import RealDns, start_real_dns
+from devstack.realdns import RealDns
 from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, metric_value, scrape_metrics, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -165,15 +165,8 @@ def stack(
 ) -> Iterator[DnsValidationStack]:
     workdir = tmp_path_factory.mktemp("dns-validation")
     with contextlib.ExitStack() as cleanup:
-        zone = start_dns01_zone(workdir / "dns01")
-        cleanup.callback(zone.stop)
-        dns = start_real_dns(workdir / "dns", stubs=zone.stub)
-        cleanup.callback(dns.stop)
-        dns.set_a(EDGE, ["127.0.0.1"])
-        pebble = servers.start_pebble(
-            workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
-        )
-        cleanup.callback(pebble.stop)
+        started = start_dns01_servers(workdir, cleanup, EDGE)
+        zone, dns, pebble = started.zone, started.dns, started.pebble
         old_provider = OldProvider(pebble.http01_port)
         cleanup.callback(old_provider.stop)
         proxy = start_fault_proxy(pebble, workdir / "pebble")
@@ -190,11 +183,8 @@ def stack(
             task_queue=f"certflow-dns-{uuid.uuid4().hex[:8]}",
             extra={
                 **SHORT_POLICY,
-                "CERTFLOW_DNS_RESOLVER": dns.resolver,
+                **started.environment(),
                 "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
-                "CERTFLOW_DNS01_ZONE": zone.zone,
-                "CERTFLOW_DNS01_PRIMARY": zone.primary,
-                "CERTFLOW_DNS01_TSIG_KEY": zone.tsig_key,
                 "CERTFLOW_METRICS_LISTEN": f"127.0.0.1:{servers.free_port()}",
             },
         )
