@@ -174,8 +174,7 @@ def _run_meta(stack: Stack, began: float, code_at_start: str) -> dict[str, Any]:
 async def run_methods_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     await asyncio.to_thread(stack.wait_machine_quiet, "methods")
     log(f"methods: {args.methods} issuances over http-01, then {args.methods} over dns-01")
-    found = await methods.run_methods(stack, args.methods, workdir / "methods", log)
-    return {"blocks": found}
+    return await methods.run_methods(stack, args.methods, workdir / "methods", log)
 
 
 def main_phase(args: argparse.Namespace, key: str) -> int:
@@ -213,7 +212,7 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
         log(f"\nwrote the table into {DOCS}")
     if found["meta"]["code_at_start"] != found["meta"]["code_at_end"]:
         log("WARNING: the live tree changed during the run; workers ran from the snapshot taken at the start")
-    bad = {k: v for k, v in found.get("worker_log_levels", {}).items() if k in ("warning", "error", "critical")}
+    bad = {k: v for k, v in found["worker_log_levels"].items() if k in ("warning", "error", "critical")}
     if bad:
         log(f"WARNING: the worker logged {bad} (see the worker log)")
     log(f"\nresults: {args.out} (key {key!r}; total {found['meta']['total_seconds']} s)")

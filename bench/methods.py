@@ -92,7 +92,8 @@ async def _measure(
 async def run_methods(
     stack: Stack, count: int, workdir: Path, log: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """http-01 then dns-01, ``count`` sequential issuances each, after one warm-up of each."""
+    """http-01 then dns-01, ``count`` sequential issuances each, after one warm-up of each:
+    ``blocks`` (per method) and the worker's log lines per level."""
     with contextlib.ExitStack() as cleanup:
         started = start_dns01_servers(workdir, cleanup, CNAME_TARGET)
         zone, dns = started.zone, started.dns
@@ -124,7 +125,7 @@ async def run_methods(
                     f" {b['activity_attempts_per_cert']} activities, {b['events_per_cert_to_active']} events,"
                     f" {b['billable_per_cert_to_active']} billable, {b['heartbeats_per_cert']} heartbeats per issuance"
                 )
-            return blocks
+            return {"blocks": blocks, "worker_log_levels": dep.worker_log_levels()}
         finally:
             await dep.close()
 

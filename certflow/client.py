@@ -19,6 +19,7 @@ from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -50,6 +51,7 @@ from certflow.models import (
     CertificateStatus,
     Cooldown,
     LimitScope,
+    Phase,
 )
 from certflow.workflow_payloads import (
     TransferRequest,
@@ -66,6 +68,9 @@ from certflow.settings import ClientSettings
 from certflow.errors import ActionRejectedError, HostnameOwnedError
 
 START_CONCURRENCY = 16
+CATCH_UP_SECONDS = 10.0
+"""How long ``renew`` waits for a workflow to show the ACTIVE row it just stored."""
+CATCH_UP_POLL_SECONDS = 0.05
 
 
 def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:
@@ -240,8 +245,40 @@ class CertflowClient:
         return state
 
     async def renew(self, hostname: str) -> CertificateState:
-        """Renew an ACTIVE certificate now (the ``renew`` update)."""
+        """Renew an ACTIVE certificate now (the ``renew`` update).
+
+        A row that has just turned ACTIVE renews too: its workflow learns of the
+        certificate it stored one workflow task later, and hands over to the run
+        that waits for the renewal time after that; until then it refuses a renew.
+        When the row says ACTIVE and the workflow does not show it yet, the update
+        is asked again once it does (within CATCH_UP_SECONDS)."""
+        hostname = normalize_hostname(hostname)
+        try:
+            return await self._update(hostname, "renew")
+        except ActionRejectedError:
+            if not await self._caught_up_with_active_row(hostname):
+                raise
         return await self._update(hostname, "renew")
+
+    async def _caught_up_with_active_row(self, hostname: str) -> bool:
+        """Whether the row is ACTIVE while the workflow was behind it, and the
+        workflow now waits for the renewal time (False: the refusal stands)."""
+        row = await requests.certificate_state(self.pool, hostname)
+        if row is None or row.status is not CertificateStatus.ACTIVE:
+            return False
+        deadline = time.monotonic() + CATCH_UP_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                shown: CertificateState = await self.handle(hostname).query(
+                    "status", result_type=CertificateState
+                )
+            except (RPCError, WorkflowQueryFailedError):
+                pass  # handing over to its next run: not caught up yet
+            else:
+                if shown.status is CertificateStatus.ACTIVE and shown.phase is not Phase.ISSUED:
+                    return True
+            await asyncio.sleep(CATCH_UP_POLL_SECONDS)
+        return False
 
     async def cancel(self, hostname: str) -> CertificateState:
         """Stop provisioning and renewal: CANCELED, the open authorization deactivated."""

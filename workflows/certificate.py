@@ -229,6 +229,15 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 " only an ACTIVE certificate renews",
                 non_retryable=True,
             )
+        if self._state.phase is Phase.ISSUED:
+            # Between the issuance and the next run (which waits for the renewal
+            # time) a renew would be cleared with the run's other requests; the
+            # client asks again once the next run shows (CertflowClient.renew).
+            raise ApplicationError(
+                f"{record.hostname} was issued a moment ago: ask again once its next run"
+                " waits for the renewal time",
+                non_retryable=True,
+            )
 
     @workflow.update(name="transfer")
     async def transfer_update(self, request: TransferRequest) -> CertificateState:
