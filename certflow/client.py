@@ -25,8 +25,7 @@ from temporalio.client import (
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from certflow.store import cooldowns
-from certflow.store import attempts, requests
+from certflow.store import cooldowns, requests
 from certflow.contract import (
     CERTIFICATE_WORKFLOW,
     DOMAIN_CHECK_WORKFLOW,
@@ -37,21 +36,11 @@ from certflow.contract import (
 )
 from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
 from certflow.hostnames import (
-    InvalidHostnameError,
-    is_wildcard,
-    normalize_hostname,
-    normalize_tenant_id,
-    registered_domain,
+    InvalidHostnameError, is_wildcard, normalize_hostname, normalize_tenant_id
 )
 from certflow.dns.ownership import ownership_record
 from certflow.models import (
-    DnsRecord,
-    RequestedMethod,
-    CertificateEvent,
-    CertificateStatus,
-    Cooldown,
-    LimitScope,
-    Phase,
+    CertificateEvent, CertificateStatus, Cooldown, DnsRecord, LimitScope, Phase, RequestedMethod
 )
 from certflow.workflow_payloads import (
     TransferRequest,
@@ -83,16 +72,6 @@ def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:
     except ValueError:
         known = ", ".join(s.value for s in LimitScope)
         raise ActionRejectedError(f"unknown cooldown scope {scope!r} (one of: {known})") from None
-
-
-def _freed(hostname: str, cleared: Sequence[Cooldown]) -> bool:
-    """Whether a cleared cooldown was one that held hostname back."""
-    return any(
-        c.scope is LimitScope.ACCOUNT
-        or (c.scope is LimitScope.HOSTNAME and c.scope_key == hostname)
-        or (c.scope is LimitScope.REGISTERED_DOMAIN and c.scope_key == registered_domain(hostname))
-        for c in cleared
-    )
 
 
 def _rejection(err: WorkflowUpdateFailedError) -> str:
@@ -230,19 +209,8 @@ class CertflowClient:
         """Move a hostname to another tenant (the ``transfer`` update): done on a worker
         once that tenant's ownership record is seen, refused otherwise (nothing
         changed); an ACTIVE certificate is then renewed with a new key."""
-        hostname = normalize_hostname(hostname)
         to_tenant = normalize_tenant_id(to_tenant)
-        try:
-            state: CertificateState = await self.handle(hostname).execute_update(
-                "transfer", TransferRequest(to_tenant=to_tenant), result_type=CertificateState
-            )
-        except WorkflowUpdateFailedError as err:
-            raise ActionRejectedError(_rejection(err)) from None
-        except RPCError as err:
-            if err.status is RPCStatusCode.NOT_FOUND:
-                raise ActionRejectedError(f"{hostname} has no running workflow (request it first)") from None
-            raise
-        return state
+        return await self._update(hostname, "transfer", TransferRequest(to_tenant=to_tenant))
 
     async def renew(self, hostname: str) -> CertificateState:
         """Renew an ACTIVE certificate now (the ``renew`` update).
@@ -295,14 +263,7 @@ class CertflowClient:
     async def cooldowns_for(self, hostname: str) -> list[Cooldown]:
         """The cooldowns in force that hold back hostname's next order: the account's,
         its registered domain's, its own (less those its renewal is exempt from)."""
-        hostname = normalize_hostname(hostname)
-        kind = await attempts.order_kind(self.pool, hostname)
-        found: list[Cooldown] = []
-        for directory_url in {c.directory_url for c in await cooldowns.active_cooldowns(self.pool)}:
-            found += await cooldowns.applicable_cooldowns(
-                self.pool, directory_url, hostname, registered_domain(hostname), kind
-            )
-        return sorted(found, key=lambda c: c.until, reverse=True)
+        return await cooldowns.holding_back(self.pool, normalize_hostname(hostname))
 
     async def clear_cooldowns(
         self, scope: str | None = None, key: str | None = None
@@ -327,7 +288,7 @@ class CertflowClient:
                 raise ActionRejectedError(f"no cooldown in force for {chosen} {key!r}")
         cleared = await cooldowns.clear_cooldowns(self.pool, chosen, key)
         waiting = [
-            h for h in await requests.waiting_for_cooldown(self.pool) if _freed(h, cleared)
+            h for h in await requests.waiting_for_cooldown(self.pool) if cooldowns.held_back(h, cleared)
         ]
         for hostname in waiting:
             with contextlib.suppress(RPCError):
@@ -371,11 +332,13 @@ class CertflowClient:
         )
         return result
 
-    async def _update(self, hostname: str, update: str) -> CertificateState:
+    async def _update(
+        self, hostname: str, update: str, arg: TransferRequest | None = None
+    ) -> CertificateState:
         hostname = normalize_hostname(hostname)
         try:
             state: CertificateState = await self.handle(hostname).execute_update(
-                update, result_type=CertificateState
+                update, args=[] if arg is None else [arg], result_type=CertificateState
             )
         except WorkflowUpdateFailedError as err:
             raise ActionRejectedError(_rejection(err)) from None

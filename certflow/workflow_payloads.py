@@ -84,6 +84,9 @@ class CarriedWaits(Frozen):
     """The certificate waited on replaced one that renewed at once, for an ARI window
     already open when it was an hour old or less: a second such window waits for the
     renewal-info sweep's next answer instead (no renewal loop)."""
+    renew_requested: bool = False
+    """A renewal was asked for (a ``renew`` signal, a transfer) that the run had not
+    started when it handed over: the next run renews at once."""
 
 
 class ProvisioningPolicy(Frozen):

@@ -214,8 +214,11 @@ class CertificateBase:
         waits = None
         if carry_waits:
             waits = self._state.carried_waits()
-        if after_issuance and self._state.renewing_at_once:
-            waits = CarriedWaits(renewed_at_once=True)
+        if after_issuance and (self._state.renewing_at_once or self._state.renew_next_run):
+            waits = CarriedWaits(
+                renewed_at_once=self._state.renewing_at_once,
+                renew_requested=self._state.renew_next_run,
+            )
         return CertificateInput(
             hostname=record.hostname,
             tenant_id=record.tenant_id,

@@ -44,6 +44,7 @@ from workflows.patches import (
     FEWER_ROUND_TRIPS_DESIGN,
     FEWER_ROUND_TRIPS_PATCH,
     FOLLOW_MOVED_ROW_PATCH,
+    RENEW_NEXT_RUN_PATCH,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
 )
 from workflows.renew import Renewing
@@ -204,7 +205,15 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
     @workflow.signal(name="renew")
     def renew_signal(self) -> None:
         """Renew now, if the certificate is ACTIVE."""
-        self._state.renew_requested = True
+        self._renew_when_active()
+
+    def _renew_when_active(self) -> None:
+        """Ask the loop to renew; in the ISSUED phase, where the run hands over and
+        clears its requests, ask the next run instead (RENEW_NEXT_RUN_PATCH)."""
+        if self._state.phase is Phase.ISSUED and workflow.patched(RENEW_NEXT_RUN_PATCH):
+            self._state.renew_next_run = True
+        else:
+            self._state.renew_requested = True
 
     @workflow.update(name="renew")
     async def renew_update(self) -> CertificateState:
@@ -264,7 +273,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
         await self._notify("transferred", about=before)
         await self._notify("transferred")
         if self._record.status is CertificateStatus.ACTIVE:
-            self._state.renew_requested = True
+            self._renew_when_active()
         return self._view()
 
     @transfer_update.validator

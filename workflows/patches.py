@@ -58,3 +58,10 @@ half the history events and workflow tasks of an issuance. Patches added after i
 call ``workflow.patched`` as before."""
 FEWER_ROUND_TRIPS_DESIGN = 2
 """The design of runs started by code with FEWER_ROUND_TRIPS_PATCH (1: before it)."""
+RENEW_NEXT_RUN_PATCH = "renew-next-run"
+"""A ``renew`` signal, or a transfer's renewal, that reaches the run which has just
+issued (phase ISSUED, handing over to the run that waits for the renewal time) is
+carried to that next run (``CarriedWaits.renew_requested``), which renews at once;
+the run used to clear it with its other requests. Branches in
+workflows/certificate.py (``_renew_when_active``); the marker is written only by a
+run that meets the case."""

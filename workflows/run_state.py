@@ -63,6 +63,10 @@ class RunState:
     # -- what signals and updates ask of the loop
     retry_requested: bool = False
     renew_requested: bool = False
+    renew_next_run: bool = False
+    """A renewal asked for after the issuance, in the ISSUED phase: the run that
+    waits for the renewal time starts it at once (workflows/patches.py
+    RENEW_NEXT_RUN_PATCH)."""
     retry_cuts_wait: bool = False
     """The wait under way is one ``retry`` ends (the retry update answers after it)."""
     window_moved: bool = False
@@ -108,6 +112,7 @@ class RunState:
             hostname=input.hostname,
             current=input.carried,
             retry_requested=waits.retry_requested,
+            renew_requested=waits.renew_requested,
             renewed_at_once=waits.renewed_at_once,
             warned_expiring=waits.warned_expiring,
             dns_failures=waits.dns_failures,
@@ -140,6 +145,7 @@ class RunState:
             caa_disagreements=self.caa_disagreements,
             accepted_challenge=self.accepted_challenge,
             retry_requested=self.retry_requested,
+            renew_requested=self.renew_requested,
             pending_since=self.pending_since,
             departed_at=self.departed_at,
         )

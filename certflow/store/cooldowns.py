@@ -13,7 +13,9 @@ from datetime import datetime
 
 import asyncpg
 
+from certflow.hostnames import registered_domain
 from certflow.models import Cooldown, LimitScope, OrderKind
+from certflow.store.attempts import order_kind
 
 
 OVERALL_REQUESTS = "OverallRequests"
@@ -123,3 +125,26 @@ async def clear_cooldowns(
 
 def longest(cooldowns: Sequence[Cooldown]) -> Cooldown | None:
     return max(cooldowns, key=lambda c: c.until, default=None)
+
+
+async def holding_back(pool: asyncpg.Pool, hostname: str) -> list[Cooldown]:
+    """The cooldowns in force, at any CA, that hold back hostname's next order: the
+    account's, its registered domain's, its own (less those its renewal is exempt
+    from), longest first."""
+    kind = await order_kind(pool, hostname)
+    found: list[Cooldown] = []
+    for directory_url in {c.directory_url for c in await active_cooldowns(pool)}:
+        found += await applicable_cooldowns(
+            pool, directory_url, hostname, registered_domain(hostname), kind
+        )
+    return sorted(found, key=lambda c: c.until, reverse=True)
+
+
+def held_back(hostname: str, cleared: Sequence[Cooldown]) -> bool:
+    """Whether any of these cooldowns was one that held hostname back."""
+    return any(
+        c.scope is LimitScope.ACCOUNT
+        or (c.scope is LimitScope.HOSTNAME and c.scope_key == hostname)
+        or (c.scope is LimitScope.REGISTERED_DOMAIN and c.scope_key == registered_domain(hostname))
+        for c in cleared
+    )

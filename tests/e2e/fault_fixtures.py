@@ -298,6 +298,49 @@ def _any_value(value: AnyValue) -> object:
     return getattr(value, kind) if kind else None
 
 
+class HttpAnswerer:
+    """An HTTP server on address:port answering every GET with ``answer(path)`` (status,
+    headers) and ``body(path)``, recording each request's Host header and path: a
+    customer's web server, or the provider a hostname has not left yet."""
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        answer: Callable[[str], tuple[int, dict[str, str]]],
+        body: Callable[[str], bytes] = lambda path: b"not here\n",
+    ) -> None:
+        self.requests: list[tuple[str, str]] = []
+        """(Host header, path) of each request, in arrival order."""
+        server = self
+        make_body = body
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                server.requests.append((self.headers.get("Host", ""), self.path))
+                status, headers = answer(self.path)
+                body = make_body(self.path)
+                self.send_response(status)
+                for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer((address, port), Handler)
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def requests_for(self, hostname: str) -> int:
+        """How many requests named hostname in their Host header (any port)."""
+        return sum(host.split(":")[0].lower() == hostname for host, _ in self.requests)
+
+
 class OtlpReceiver:
     """An OTLP/HTTP traces endpoint on loopback, as a collector: ``POST /v1/traces``
     with an ``ExportTraceServiceRequest`` protobuf body (gzip or deflate allowed)."""

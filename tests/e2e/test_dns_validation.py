@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import http.server
 import json
 import secrets
 import ssl
@@ -39,7 +38,9 @@ from devstack import servers
 from devstack.dns01zone import Dns01Zone, start_dns01_servers
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns
-from tests.e2e.fault_fixtures import SHORT_POLICY, client_of, metric_value, scrape_metrics, wait_for
+from tests.e2e.fault_fixtures import (
+    SHORT_POLICY, HttpAnswerer, client_of, metric_value, scrape_metrics, wait_for
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -98,34 +99,6 @@ class CaView:
             return [kind for name, kind in self.posted if name == identifier]
 
 
-class OldProvider:
-    """The customer's current provider at ``NOWHERE``: an HTTP server on the port the CA
-    and the self-check fetch HTTP-01 from, counting requests by Host. A hostname
-    validated over DNS must see none: nothing fetched over HTTP for it."""
-
-    def __init__(self, port: int) -> None:
-        self.requests: dict[str, int] = {}
-        lock = threading.Lock()
-        counts = self.requests
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                host = (self.headers.get("Host") or "?").split(":")[0].lower()
-                with lock:
-                    counts[host] = counts.get(host, 0) + 1
-                self.send_error(404)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer((NOWHERE, port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @dataclass
 class DnsValidationStack:
     zone: Dns01Zone
@@ -138,7 +111,10 @@ class DnsValidationStack:
     env: dict[str, str]
     workdir: Path
     worker: servers.WorkerProcess
-    old_provider: OldProvider
+    old_provider: HttpAnswerer
+    """The customer's current provider at ``NOWHERE``, on the port the CA and the
+    self-check fetch HTTP-01 from: a hostname validated over DNS must see no request
+    there."""
     extra_workers: list[servers.WorkerProcess] = field(default_factory=list)
 
     @property
@@ -167,7 +143,7 @@ def stack(
     with contextlib.ExitStack() as cleanup:
         started = start_dns01_servers(workdir, cleanup, EDGE)
         zone, dns, pebble = started.zone, started.dns, started.pebble
-        old_provider = OldProvider(pebble.http01_port)
+        old_provider = HttpAnswerer(NOWHERE, pebble.http01_port, lambda path: (404, {}))
         cleanup.callback(old_provider.stop)
         proxy = start_fault_proxy(pebble, workdir / "pebble")
         cleanup.callback(proxy.stop)
@@ -261,7 +237,7 @@ async def test_a_hostname_not_routed_to_us_issues_over_dns01_and_leaves_no_txt(
     assert stack.ca.accepted_types(hostname) == ["dns-01"], stack.ca.accepted_types(hostname)
     assert await _withdrawn(stack, hostname) == [[], []]
     assert _responder_requests(stack) == responder_before
-    assert stack.old_provider.requests.get(hostname, 0) == 0, stack.old_provider.requests
+    assert stack.old_provider.requests_for(hostname) == 0, stack.old_provider.requests
     print(f"\n[dns-01] {hostname} ACTIVE, serial {report.serial}; TXT withdrawn from both servers")
 
 

@@ -222,26 +222,20 @@ async def test_a_partly_moved_apex_is_refused_naming_the_foreign_address(
     await client.cancel(apex)
 
 
-async def test_a_hostname_never_made_ready_is_abandoned(stack: OwnershipStack, client: CertflowClient) -> None:
-    """Requested, never proven nor routed: after PENDING_TIMEOUT_DAYS (35 s here) the
-    row is CANCELED with ABANDONED, an event says why, the workflow has ended, and
-    nothing was ever ordered.
+@dataclass(frozen=True)
+class NeverReady:
+    hostname: str
+    abandoned_before: float
 
-    Shown red: with the timeout check of ``_given_up`` (workflows/failures.py)
-    never true, the row stayed PENDING OWNERSHIP_UNVERIFIED past the wait."""
-    hostname = f"gone.o{uuid.uuid4().hex[:8]}.test"  # no DNS at all
+
+@pytest.fixture(scope="module", autouse=True)
+async def never_ready(stack: OwnershipStack, client: CertflowClient) -> NeverReady:
+    """A hostname requested as the module starts and never made ready (no DNS at
+    all): its PENDING_TIMEOUT_S runs while the module's other tests do."""
+    hostname = f"gone.o{uuid.uuid4().hex[:8]}.test"
     abandoned_before = _given_up(stack, "abandoned")
     await client.request([hostname], tenant_id="tenant-late")
-    report = await wait_for(
-        client, hostname, lambda r: r.status == "CANCELED", timeout=PENDING_TIMEOUT_S + 60
-    )
-    assert report.error_code == "ABANDONED" and "abandoned" in (report.error_message or "")
-    description = await client.handle(hostname).describe()
-    assert description.status is not None and description.status.name == "COMPLETED"
-    assert stack.proxy.new_orders_for(hostname) == 0
-    events = [e.error_code for e in await client.events(hostname)]
-    assert "ABANDONED" in [str(code) for code in events if code], events
-    assert _given_up(stack, "abandoned") == abandoned_before + 1
+    return NeverReady(hostname, abandoned_before)
 
 
 async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
@@ -303,3 +297,25 @@ async def test_a_departed_hostname_is_served_until_it_expires_then_stops(
         for e in events
     ), events
     assert _given_up(stack, "departed") == departed_before + 1
+
+
+async def test_a_hostname_never_made_ready_is_abandoned(
+    stack: OwnershipStack, client: CertflowClient, never_ready: NeverReady
+) -> None:
+    """Requested (as the module starts), never proven nor routed: after
+    PENDING_TIMEOUT_DAYS (35 s here) the row is CANCELED with ABANDONED, an event says
+    why, the workflow has ended, and nothing was ever ordered.
+
+    Shown red: with the timeout check of ``_given_up`` (workflows/failures.py)
+    never true, the row stayed PENDING OWNERSHIP_UNVERIFIED past the wait."""
+    hostname, abandoned_before = never_ready.hostname, never_ready.abandoned_before
+    report = await wait_for(
+        client, hostname, lambda r: r.status == "CANCELED", timeout=PENDING_TIMEOUT_S + 60
+    )
+    assert report.error_code == "ABANDONED" and "abandoned" in (report.error_message or "")
+    description = await client.handle(hostname).describe()
+    assert description.status is not None and description.status.name == "COMPLETED"
+    assert stack.proxy.new_orders_for(hostname) == 0
+    events = [e.error_code for e in await client.events(hostname)]
+    assert "ABANDONED" in [str(code) for code in events if code], events
+    assert _given_up(stack, "abandoned") == abandoned_before + 1

@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import http.server
 import json
 import os
 import secrets
@@ -82,7 +81,7 @@ from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState
 from certflow.settings import ClientSettings
-from tests.e2e.fault_fixtures import wait_for
+from tests.e2e.fault_fixtures import HttpAnswerer, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -597,42 +596,6 @@ async def test_unroutable_edge_is_caught_before_the_ca_then_retry_issues(
     assert stack.ca.invalid(hostname) == []
 
 
-class _Server:
-    """A one-answer HTTP server on address:port, recording what it was asked."""
-
-    def __init__(
-        self,
-        address: str,
-        port: int,
-        answer: Callable[[str], tuple[int, dict[str, str]]],
-        body: Callable[[str], bytes] = lambda path: b"not here\n",
-    ) -> None:
-        self.requests: list[tuple[str, str]] = []
-        server = self
-        make_body = body
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                server.requests.append((self.headers.get("Host", ""), self.path))
-                status, headers = answer(self.path)
-                body = make_body(self.path)
-                self.send_response(status)
-                for name, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._httpd = http.server.ThreadingHTTPServer((address, port), Handler)
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-
 async def test_redirect_to_a_404_is_caught_before_the_ca(
     stack: DnsStack, clients: dict[str, CertflowClient], db: asyncpg.Pool
 ) -> None:
@@ -644,8 +607,8 @@ async def test_redirect_to_a_404_is_caught_before_the_ca(
     port = stack.http01_port
     hostname, apex = stack.customer("c6b", target=ROUTE)
     stack.dns.set_a(ROUTE, [REDIRECTOR])
-    redirector = _Server(REDIRECTOR, port, lambda path: (302, {"Location": f"http://{NOT_FOUND}{path}"}))
-    missing = _Server(NOT_FOUND, port, lambda path: (404, {}))
+    redirector = HttpAnswerer(REDIRECTOR, port, lambda path: (302, {"Location": f"http://{NOT_FOUND}{path}"}))
+    missing = HttpAnswerer(NOT_FOUND, port, lambda path: (404, {}))
     try:
         await client.request([hostname])
         try:
@@ -835,12 +798,12 @@ async def test_a_redirect_the_ca_refuses_is_caught_before_the_ca(
     elsewhere = f"elsewhere.{apex}"
     stack.dns.set_a(ROUTE, [REDIRECTOR])
     stack.dns.set_a(elsewhere, [RESERVED])
-    redirector = _Server(REDIRECTOR, port, lambda path: (
+    redirector = HttpAnswerer(REDIRECTOR, port, lambda path: (
         status, {"Location": location.format(hostname=hostname, apex=apex, path=path)}
     ))
     # What the target answers is the real challenge (relayed from the responder),
     # so only the redirect itself can fail the check.
-    target = _Server(RESERVED, port, lambda path: (200, {}), body=lambda path: _challenge(hostname, port, path))
+    target = HttpAnswerer(RESERVED, port, lambda path: (200, {}), body=lambda path: _challenge(hostname, port, path))
     before = _self_checks(stack, "error", "redirect")
     try:
         await client.request([hostname])

@@ -1,7 +1,7 @@
 """A bounded load test of the worker's HTTP-01 responder, from a second process.
 
 200 concurrent keep-alive connections on loopback for ``CERTFLOW_LOAD_SECONDS``
-(default 30) send a mix of valid challenge requests (open challenges planted in
+(default 15) send a mix of valid challenge requests (open challenges planted in
 the session deployment's database for hostnames no workflow handles, asked
 with the right Host) and misses (unknown tokens, wrong hosts, other paths).
 Every answer must be 200 with the key authorization for a valid request and 404
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-LOAD_SECONDS = float(os.environ.get("CERTFLOW_LOAD_SECONDS", "30"))
+LOAD_SECONDS = float(os.environ.get("CERTFLOW_LOAD_SECONDS", "15"))
 CONCURRENCY = 200
 REQUEST_TIMEOUT_S = 10.0
 NOT_FOUND_BODY = "not found\n"

@@ -22,7 +22,7 @@ from certflow.client import CertflowClient
 from certflow.errors import ActionRejectedError
 from certflow.store import requests
 from certflow.models import CertificateStatus, Phase
-from certflow.workflow_payloads import CertificateState
+from certflow.workflow_payloads import CertificateState, TransferRequest
 
 HOST = "shop.example.com"
 
@@ -54,8 +54,10 @@ class _Client(CertflowClient):
     def handle(self, hostname: str) -> Any:
         return self.handle_
 
-    async def _update(self, hostname: str, update: str) -> CertificateState:
-        assert update == "renew"
+    async def _update(
+        self, hostname: str, update: str, arg: TransferRequest | None = None
+    ) -> CertificateState:
+        assert update == "renew" and arg is None
         self.updates += 1
         if self.updates <= self.refusals:
             raise ActionRejectedError(f"nothing to renew: {hostname} is PROVISIONING")

@@ -9,7 +9,9 @@ the code before the patch (with a suffix such as ``unpatched``) and once after:
 test_replay.py replays both on today's code. No suffix or ``unpatched``: the
 follow-moved-row scenario; ``sweep``: a DNS wait long enough to continue as new
 (bounded-history) and the FAILED path after the self-check patch; ``issuers``: a
-fallback between two issuers and a renewal that stays with the second.
+fallback between two issuers and a renewal that stays with the second;
+``renew-next-run`` (and ``renew-next-run-unpatched``, on the code before it): a
+transfer and a ``renew`` signal that reach the run handing over after an issuance.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from tests.workflows.fakes import (
     Fakes,
     acme_temporary_error,
     dns_cname_error,
+    Run,
     fail_first,
     started,
 )
 from tests.workflows.record_histories import HISTORIES
+from tests.workflows.test_certificate_ownership import handing_over_after_issuance
 from tests.workflows.test_certificate_workflow import stored_but_result_lost
 
 
@@ -105,17 +109,32 @@ async def _issuer_fallback(env: WorkflowEnvironment, name: str) -> None:
         await run.handle.signal("renew")
         await run.until_active(serial_count=2)
         await run.cancel()
-        run_id: str | None = run.handle.first_execution_run_id
-        n = 0
-        while run_id:  # the chain of runs, each continued as new into the next
-            n += 1
-            history = await env.client.get_workflow_handle(run.handle.id, run_id=run_id).fetch_history()
-            _write(f"{name}-{n}", history, len(history.events))
-            last = history.events[-1]
-            continued = last.workflow_execution_continued_as_new_event_attributes
-            run_id = continued.new_execution_run_id if last.HasField(
-                "workflow_execution_continued_as_new_event_attributes"
-            ) else None
+        await _write_runs(env, run, name)
+
+
+async def _write_runs(env: WorkflowEnvironment, run: Run, name: str, runs: int | None = None) -> None:
+    """Every run of the workflow (the first ``runs``), each continued as new into the next."""
+    run_id: str | None = run.handle.first_execution_run_id
+    n = 0
+    while run_id and (runs is None or n < runs):
+        n += 1
+        history = await env.client.get_workflow_handle(run.handle.id, run_id=run_id).fetch_history()
+        _write(f"{name}-{n}", history, len(history.events))
+        last = history.events[-1]
+        continued = last.workflow_execution_continued_as_new_event_attributes
+        run_id = continued.new_execution_run_id if last.HasField(
+            "workflow_execution_continued_as_new_event_attributes"
+        ) else None
+
+
+async def _renew_while_handing_over(env: WorkflowEnvironment, name: str) -> None:
+    """A transfer that ends, and a ``renew`` signal that comes, while the run that
+    issued hands over (RENEW_NEXT_RUN_PATCH): the runs up to the renewal's."""
+
+    async def keep(run: Run) -> None:
+        await _write_runs(env, run, name, runs=2)  # the third has only begun its wait
+
+    await handing_over_after_issuance(env, transfer_refused=False, renew_signal=True, keep=keep)
 
 
 async def _main(suffix: str) -> None:
@@ -127,6 +146,8 @@ async def _main(suffix: str) -> None:
             await _row_moved_on(env, "row-moved-on" + (f"-{suffix}" if suffix else ""))
         elif suffix == "issuers":
             await _issuer_fallback(env, "issuer-fallback")
+        elif suffix in ("renew-next-run", "renew-next-run-unpatched"):
+            await _renew_while_handing_over(env, f"handing-over-{suffix}")
         else:
             await _long_dns_wait(env, f"long-dns-wait-{suffix}")
             await _failed_then_retried(env, f"failed-then-retried-{suffix}")

@@ -4,17 +4,18 @@ tenants, on the time-skipping test server."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState, TransferRequest
 
-from .fakes import FAST_POLICY, Fakes, active_row, app_error, dns_cname_error, fail_first, started
+from .fakes import DEFAULT, FAST_POLICY, Fakes, Run, active_row, app_error, dns_cname_error, fail_first, started
 
 async def test_a_hostname_never_ready_is_abandoned_after_the_timeout(workflow_env: WorkflowEnvironment) -> None:
     """No validation method ready for pending_timeout_days: CANCELED with ABANDONED, a
@@ -93,3 +94,93 @@ async def test_a_transfer_moves_the_hostname_and_renews_with_a_new_key(workflow_
         await run.until_active(serial_count=1)
         assert len(fakes.of("begin_renewal")) == 1 and len(fakes.of("place_order")) == 1
         await run.cancel()
+
+
+async def handing_over_after_issuance(
+    workflow_env: WorkflowEnvironment,
+    transfer_refused: bool,
+    renew_signal: bool,
+    keep: Callable[[Run], Awaitable[None]] | None = None,
+) -> tuple[Fakes, list[timedelta]]:
+    """Issue a hostname with a transfer in flight, its ``transfer_certificate`` held
+    until the run has stored the certificate and waits (phase ISSUED) for the
+    transfer's handler before it hands over; then, with ``renew_signal``, signal
+    ``renew`` in that phase. Returns the fakes and, for each renewal begun, how long
+    after the issuance it began (virtual time: the next run waits ~60 days when
+    nothing asked it to renew). ``keep`` is handed the run before it is canceled
+    (record_patch_histories.py records its histories)."""
+    store_may_finish, transfer_may_finish = asyncio.Event(), asyncio.Event()
+
+    async def held_store(index: int, _: object) -> object:
+        if index == 0:
+            await store_may_finish.wait()
+        return DEFAULT
+
+    async def held_transfer(index: int, _: object) -> object:
+        await transfer_may_finish.wait()
+        if transfer_refused:
+            raise app_error(ErrorCode.OWNERSHIP_UNVERIFIED, 'add _certflow.x.test TXT "tok"')
+        return DEFAULT
+
+    fakes = Fakes(
+        workflow_env,
+        behaviours={"finalize_and_store": held_store, "transfer_certificate": held_transfer},
+    )
+    async with started(workflow_env, fakes) as run:
+        await run.until_calls("finalize_and_store", 1)
+        transfer = await run.handle.start_update(
+            "transfer",
+            TransferRequest(to_tenant="new"),
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=CertificateState,
+        )
+        await run.until_calls("transfer_certificate", 1)
+        store_may_finish.set()
+        await run.until(lambda s: s.phase == Phase.ISSUED, "the ISSUED phase")
+        if renew_signal:
+            await run.handle.signal("renew")
+        transfer_may_finish.set()
+        if transfer_refused:
+            with pytest.raises(WorkflowUpdateFailedError):
+                await transfer.result()
+        else:
+            await transfer.result()
+        await run.until_active(serial_count=2, advance=timedelta(days=1), timeout=120)
+        issued = fakes.issued[0].issued_at
+        assert issued is not None
+        begun = [call.at - issued for call in fakes.of("begin_renewal")]
+        if keep is not None:
+            await keep(run)
+        await run.cancel()
+    return fakes, begun
+
+
+async def test_a_transfer_that_ends_while_the_run_hands_over_still_renews(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """A transfer whose ownership check ends after the certificate was stored, in the
+    phase where the run answers its handlers and hands over to the run that waits for
+    the renewal time: that next run renews at once with a new key (the transfer's
+    promise), not at the renewal time ~60 days on.
+
+    Shown red: with ``_renew_when_active`` setting ``renew_requested`` in the ISSUED
+    phase too (as before RENEW_NEXT_RUN_PATCH), the request was cleared with the
+    run's other requests: the renewal came at the renewal time (begun 56 days
+    after the issuance) and the assertion below failed."""
+    fakes, begun = await handing_over_after_issuance(workflow_env, transfer_refused=False, renew_signal=False)
+    assert fakes.row.tenant_id == "new"
+    assert len(begun) == 1 and begun[0] < timedelta(hours=1), begun
+
+
+async def test_a_renew_signal_while_the_run_hands_over_renews_in_the_next_run(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """A ``renew`` signal that reaches the run which has just issued (phase ISSUED,
+    held there by a transfer in flight that is then refused): the next run renews
+    at once. The refused transfer changes nothing.
+
+    Shown red: as above, with the signal setting ``renew_requested`` in the ISSUED
+    phase, the renewal began only at the renewal time (54 days on)."""
+    fakes, begun = await handing_over_after_issuance(workflow_env, transfer_refused=True, renew_signal=True)
+    assert fakes.row.tenant_id is None
+    assert len(begun) == 1 and begun[0] < timedelta(hours=1), begun

@@ -68,6 +68,11 @@ def test_the_scenarios_are_all_there() -> None:
         "edge-unreachable-fewer",
         "rate-limited-fewer",
         "ari-renewal-fewer",
+        # RENEW_NEXT_RUN_PATCH (with the fakes): a transfer and a renew signal that
+        # reach the run handing over after an issuance, before the patch (renewed at
+        # the renewal time) and after it (renewed by the next run at once).
+        "handing-over-renew-next-run-unpatched",
+        "handing-over-renew-next-run",
     }
 
 
