@@ -41,6 +41,7 @@ from workflows.patches import (
     BOUNDED_COOLDOWN_WAIT_PATCH,
     COOLDOWN_SPREAD_PATCH,
     HISTORY_EVENTS_BEFORE_NEW_RUN,
+    LOST_WORKER_PATCH,
 )
 
 
@@ -59,6 +60,7 @@ class FailureHandling(CertificateBase):
             record.order_url is not None,
             failure.code,
             policy.max_failures,
+            charged=not (failure.lost and workflow.patched(LOST_WORKER_PATCH)),
         )
         if self._state.departed_at is not None and failure.code in NOT_READY_CODES:
             # Still gone: the row keeps saying so (DEPARTED) while it re-checks.

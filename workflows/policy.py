@@ -58,6 +58,7 @@ def decide_outcome(
     has_order: bool,
     code: ErrorCode,
     max_failures: int = 3,
+    charged: bool = True,
 ) -> Outcome:
     """What a failed attempt does to the certificate (SPEC §4's table).
 
@@ -77,6 +78,10 @@ def decide_outcome(
     its own reading of CAA changes (``CaaDisagreement``).
 
     HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept), DNS01_UPDATE and
+    ``charged=False`` for an attempt whose step no worker reported back on (killed or
+    stalled: no verdict of the CA's and no fault of the network's): it keeps the
+    budget and the order, as a rate limit does, whatever its code.
+
     DNS01_NOT_VISIBLE (our dns-01 TXT not written, or not on every server) wait like the
     DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
     order, which is still valid since the CA was never asked to validate; the
@@ -89,7 +94,7 @@ def decide_outcome(
             return status
         return CertificateStatus.PROVISIONING if order_kept else CertificateStatus.PENDING
 
-    if code is ErrorCode.ACME_RATE_LIMITED:
+    if code is ErrorCode.ACME_RATE_LIMITED or not charged:
         return Outcome(
             status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
         )

@@ -136,6 +136,7 @@ class AttemptFailed(Exception):
         retry_after: float | None,
         unreachable: bool = False,
         accepted: bool = False,
+        lost: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -145,11 +146,15 @@ class AttemptFailed(Exception):
         """The CA did not answer at all (AcmeProblemError.unreachable)."""
         self.accepted = accepted
         """The CA answered the attempt's accept before it failed (AcmeProblemError.accepted)."""
+        self.lost = lost
+        """The step's last try timed out: its worker never reported back (killed, or
+        stalled), so the attempt ended on no answer of the CA's nor fault of the
+        network's."""
 
 
 def failure_of(err: ActivityError) -> AttemptFailed:
     """The attempt's error from a failed activity: its typed code and data, or
-    ACME_TEMPORARY for anything untyped (a timeout, a crash)."""
+    ACME_TEMPORARY for anything untyped (a crash; a timeout, which is also ``lost``)."""
     cause = err.cause
     if isinstance(cause, ApplicationError) and cause.type and cause.type in ErrorCode.__members__:
         details: dict[str, Any] = {}
@@ -163,4 +168,9 @@ def failure_of(err: ActivityError) -> AttemptFailed:
             bool(details.get("accepted")),
         )
     reason = str(cause or err)
-    return AttemptFailed(ErrorCode.ACME_TEMPORARY, f"{err.activity_type} failed: {reason}", None)
+    return AttemptFailed(
+        ErrorCode.ACME_TEMPORARY,
+        f"{err.activity_type} failed: {reason}",
+        None,
+        lost=isinstance(cause, TemporalTimeout),
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus as S
@@ -17,6 +19,7 @@ from workflows.policy import (
     order_poll_delay,
     retries_automatically,
 )
+from workflows.steps import failure_of
 
 E = ErrorCode
 
@@ -61,6 +64,45 @@ def test_outcome_table(
 ) -> None:
     outcome = decide_outcome(status, retries, has_order, code)
     assert (outcome.status, outcome.retry_count, outcome.keep_order, outcome.error_code) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "retries", "has_order", "expected"),
+    [
+        # a lost worker's attempt at the last of the budget: neither FAILED nor +1
+        (S.PROVISIONING, 2, True, (S.PROVISIONING, 2, True, E.ACME_TEMPORARY)),
+        (S.PENDING, 2, False, (S.PENDING, 2, True, E.ACME_TEMPORARY)),
+        (S.RENEWING, 2, True, (S.RENEWING, 2, True, E.ACME_TEMPORARY)),
+    ],
+)
+def test_an_uncharged_attempt_keeps_the_budget_and_the_order(
+    status: S, retries: int, has_order: bool, expected: tuple[S, int, bool, ErrorCode]
+) -> None:
+    outcome = decide_outcome(status, retries, has_order, E.ACME_TEMPORARY, charged=False)
+    assert (outcome.status, outcome.retry_count, outcome.keep_order, outcome.error_code) == expected
+    charged = decide_outcome(status, retries, has_order, E.ACME_TEMPORARY)
+    assert (charged.status, charged.retry_count) == (S.FAILED, 3)
+
+
+def test_a_timed_out_step_is_a_lost_worker_and_an_error_is_not() -> None:
+    def failed(cause: BaseException) -> ActivityError:
+        err = ActivityError(
+            "activity failed", scheduled_event_id=1, started_event_id=2, identity="w",
+            activity_type="validate_order", activity_id="1", retry_state=None,
+        )
+        err.__cause__ = cause
+        return err
+
+    heartbeat = TemporalTimeout(
+        "activity Heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[]
+    )
+    timed_out = failure_of(failed(heartbeat))
+    assert (timed_out.code, timed_out.lost) == (E.ACME_TEMPORARY, True)
+    assert timed_out.message == "validate_order failed: activity Heartbeat timeout"
+    crashed = failure_of(failed(ApplicationError("boom", type="RuntimeError")))
+    assert (crashed.code, crashed.lost) == (E.ACME_TEMPORARY, False)
+    answered = failure_of(failed(ApplicationError("503", type="ACME_TEMPORARY")))
+    assert (answered.code, answered.lost) == (E.ACME_TEMPORARY, False)
 
 
 def test_code_sets() -> None:

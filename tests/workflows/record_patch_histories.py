@@ -11,7 +11,9 @@ follow-moved-row scenario; ``sweep``: a DNS wait long enough to continue as new
 (bounded-history) and the FAILED path after the self-check patch; ``issuers``: a
 fallback between two issuers and a renewal that stays with the second;
 ``renew-next-run`` (and ``renew-next-run-unpatched``, on the code before it): a
-transfer and a ``renew`` signal that reach the run handing over after an issuance.
+transfer and a ``renew`` signal that reach the run handing over after an issuance;
+``lost-worker`` (and ``lost-worker-unpatched``): two failed attempts, then one whose
+worker was lost (FAILED before the patch, then retried; issued after it).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from tests.workflows.fakes import (
 )
 from tests.workflows.record_histories import HISTORIES
 from tests.workflows.test_certificate_ownership import handing_over_after_issuance
-from tests.workflows.test_certificate_workflow import stored_but_result_lost
+from tests.workflows.test_certificate_workflow import answered_twice_then_lost, stored_but_result_lost
 
 
 async def _row_moved_on(env: WorkflowEnvironment, name: str) -> None:
@@ -137,6 +139,20 @@ async def _renew_while_handing_over(env: WorkflowEnvironment, name: str) -> None
     await handing_over_after_issuance(env, transfer_refused=False, renew_signal=True, keep=keep)
 
 
+async def _lost_worker(env: WorkflowEnvironment, name: str) -> None:
+    """Two failed attempts, then one whose worker was lost (LOST_WORKER_PATCH): before
+    the patch FAILED and retried, after it issued; every run up to the renewal wait."""
+    fakes = Fakes(env, behaviours={"finalize_and_store": answered_twice_then_lost()})
+    async with started(env, fakes) as run:
+        while fakes.row.status.value != "FAILED" and not await run.in_renewal_wait(None):
+            await env.sleep(10)
+        if fakes.row.status.value == "FAILED":
+            await run.handle.signal("retry")
+        await run.until_active()
+        await run.cancel()
+        await _write_runs(env, run, name)
+
+
 async def _main(suffix: str) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=find_test_server(), data_converter=pydantic_data_converter
@@ -148,6 +164,8 @@ async def _main(suffix: str) -> None:
             await _issuer_fallback(env, "issuer-fallback")
         elif suffix in ("renew-next-run", "renew-next-run-unpatched"):
             await _renew_while_handing_over(env, f"handing-over-{suffix}")
+        elif suffix in ("lost-worker", "lost-worker-unpatched"):
+            await _lost_worker(env, f"budget-{suffix}")
         else:
             await _long_dns_wait(env, f"long-dns-wait-{suffix}")
             await _failed_then_retried(env, f"failed-then-retried-{suffix}")

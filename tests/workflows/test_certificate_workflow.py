@@ -6,6 +6,7 @@ See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
@@ -34,6 +35,7 @@ from .fakes import (
     AFTER_ISSUANCE_STEPS,
     ATTEMPT_STEPS,
     CERT_ID,
+    DEFAULT,
     FAST_POLICY,
     HAPPY_STEPS,
     HOSTNAME,
@@ -398,6 +400,54 @@ async def test_an_unexpected_exception_counts_as_one_temporary_failure_after_ret
         assert "resolver exploded" in failure.arg.message
         await run.cancel()
 
+
+
+def answered_twice_then_lost() -> Callable[[int, object], Awaitable[object]]:
+    """finalize_and_store fails twice (the CA answered 503), then its third attempt's
+    tries meet short faults and the last one stalls without a heartbeat, as a
+    SIGKILLed worker's does, until Temporal times it out; then it works."""
+
+    async def behaviour(index: int, _: object) -> object:
+        if index < 2:
+            raise acme_temporary_error()
+        if index < 2 + 3:  # the third attempt's first three tries: short faults
+            raise app_error(ErrorCode.ACME_TEMPORARY, "badNonce", non_retryable=False)
+        if index == 2 + 3:  # its last (SHORT_FAULT_RETRY's fourth) stalls: no heartbeat
+            await asyncio.Event().wait()  # until the worker shuts down
+        return DEFAULT
+
+    return behaviour
+
+
+async def test_an_attempt_ended_by_a_lost_worker_does_not_spend_the_budget(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """Two failed attempts (the CA answered 503), then a third whose finalize_and_store
+    ended on a try that stalled until Temporal's heartbeat timeout (as a SIGKILLed
+    worker's does: no answer of the CA's): the third leaves the retry count at 2 and the
+    order kept, so the certificate waits and is issued, not FAILED. Chaos met this:
+    a wave of kills made validate_order time out for one hostname, twice charged as
+    ACME_TEMPORARY, and with an invalid order it went FAILED.
+
+    Shown red: with ``_record_failure``'s ``charged=`` argument removed (a timeout
+    spends the budget, as before LOST_WORKER_PATCH), the third attempt made it FAILED
+    (ACME_FAILED, retry count 3) and the wait for ACTIVE timed out.
+    """
+
+    fakes = Fakes(workflow_env, behaviours={"finalize_and_store": answered_twice_then_lost()})
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 1, True, ErrorCode.ACME_TEMPORARY),
+            (PROVISIONING, 2, True, ErrorCode.ACME_TEMPORARY),
+            (PROVISIONING, 2, True, ErrorCode.ACME_TEMPORARY),
+        ]
+        lost = fakes.of("record_failure")[2].arg.message
+        assert lost.startswith("finalize_and_store failed: "), lost
+        # The kept order was finalized each time: no new order.
+        assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(1).order_url}
+        assert fakes.orders_created == 1
+        await run.cancel()
 
 
 # -- the row moved on without the workflow (a store whose result was lost) ------------------

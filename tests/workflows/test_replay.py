@@ -73,6 +73,10 @@ def test_the_scenarios_are_all_there() -> None:
         # the renewal time) and after it (renewed by the next run at once).
         "handing-over-renew-next-run-unpatched",
         "handing-over-renew-next-run",
+        # LOST_WORKER_PATCH (with the fakes): two failed attempts, then one whose
+        # worker was lost: before the patch FAILED (and retried), after it issued.
+        "budget-lost-worker-unpatched",
+        "budget-lost-worker",
     }
 
 
