@@ -78,14 +78,14 @@ def decide_outcome(
     its own reading of CAA changes (``CaaDisagreement``).
 
     HTTP01_UNREACHABLE (our HTTP-01 self-check, run before accept), DNS01_UPDATE and
-    ``charged=False`` for an attempt whose step no worker reported back on (killed or
-    stalled: no verdict of the CA's and no fault of the network's): it keeps the
-    budget and the order, as a rate limit does, whatever its code.
-
     DNS01_NOT_VISIBLE (our dns-01 TXT not written, or not on every server) wait like the
     DNS codes — budget untouched, rechecked on the DNS backoff — but keeps the
     order, which is still valid since the CA was never asked to validate; the
     status is PENDING (the renewal status during a renewal), as for the DNS codes.
+
+    ``charged=False`` for an attempt whose step no worker reported back on (killed or
+    stalled: no verdict of the CA's and no fault of the network's): it keeps the
+    budget and the order, as a rate limit does, whatever its code.
     """
     in_renewal = status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
 

@@ -426,8 +426,9 @@ async def test_an_attempt_ended_by_a_lost_worker_does_not_spend_the_budget(
     ended on a try that stalled until Temporal's heartbeat timeout (as a SIGKILLed
     worker's does: no answer of the CA's): the third leaves the retry count at 2 and the
     order kept, so the certificate waits and is issued, not FAILED. Chaos met this:
-    a wave of kills made validate_order time out for one hostname, twice charged as
-    ACME_TEMPORARY, and with an invalid order it went FAILED.
+    a kill made one hostname's validate_order time out, charged (ACME_TEMPORARY) next
+    to an order the CA invalidated while the responder was down, two of the three;
+    one clean-clone chaos run went red on a FAILED transition.
 
     Shown red: with ``_record_failure``'s ``charged=`` argument removed (a timeout
     spends the budget, as before LOST_WORKER_PATCH), the third attempt made it FAILED
