@@ -653,7 +653,9 @@ async def _check_invariants(
         ):
             print(f"    {event['at']:%H:%M:%S.%f} {event['from_status']} -> {event['to_status']}"
                   f" {event['error_code']} {str(event['message'])[:160]}")
-    for hostname in suspects[:3]:
+    # And every hostname a problem names (an unexplained order, a stuck workflow).
+    named = [h for h in hostnames if any(line.startswith(f"{h}:") for line in problems)]
+    for hostname in list(dict.fromkeys(suspects + named))[:3]:
         print(await _diagnose(client, pool, stack, chaos, hostname), flush=True)
     assert not chaos.unexpected_exits, "the worker exited on its own:\n" + "\n".join(chaos.unexpected_exits)
     assert not chaos.hook_errors, "proxy hooks failed:\n" + "\n".join(chaos.hook_errors)
