@@ -85,7 +85,7 @@ def decide_outcome(
 
     ``charged=False`` for an attempt whose step no worker reported back on (killed or
     stalled: no verdict of the CA's and no fault of the network's): it keeps the
-    budget and the order, as a rate limit does, whatever its code.
+    budget, and the open order the workflow knows of, whatever its code.
     """
     in_renewal = status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
 
@@ -94,9 +94,15 @@ def decide_outcome(
             return status
         return CertificateStatus.PROVISIONING if order_kept else CertificateStatus.PENDING
 
-    if code is ErrorCode.ACME_RATE_LIMITED or not charged:
+    if code is ErrorCode.ACME_RATE_LIMITED:
         return Outcome(
             status=waiting(has_order), retry_count=retry_count, keep_order=True, error_code=code
+        )
+    if not charged:
+        # Only the order the workflow knows of: a lost place_order may have left one
+        # on the row that the next attempt does not know; it is cleared, as before.
+        return Outcome(
+            status=waiting(has_order), retry_count=retry_count, keep_order=has_order, error_code=code
         )
     if code in UNSENT_CHALLENGE_CODES:
         # The order stays for the next try (the CA was never asked to validate), the

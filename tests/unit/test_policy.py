@@ -71,11 +71,12 @@ def test_outcome_table(
     [
         # a lost worker's attempt at the last of the budget: neither FAILED nor +1
         (S.PROVISIONING, 2, True, (S.PROVISIONING, 2, True, E.ACME_TEMPORARY)),
-        (S.PENDING, 2, False, (S.PENDING, 2, True, E.ACME_TEMPORARY)),
+        # no order known (a lost place_order): what the row may hold is cleared
+        (S.PENDING, 2, False, (S.PENDING, 2, False, E.ACME_TEMPORARY)),
         (S.RENEWING, 2, True, (S.RENEWING, 2, True, E.ACME_TEMPORARY)),
     ],
 )
-def test_an_uncharged_attempt_keeps_the_budget_and_the_order(
+def test_an_uncharged_attempt_keeps_the_budget_and_its_known_order(
     status: S, retries: int, has_order: bool, expected: tuple[S, int, bool, ErrorCode]
 ) -> None:
     outcome = decide_outcome(status, retries, has_order, E.ACME_TEMPORARY, charged=False)
