@@ -68,7 +68,7 @@ run that meets the case."""
 LOST_WORKER_PATCH = "lost-worker"
 """An attempt whose step's last try timed out (its worker killed or stalled: the
 attempt ended on no answer of the CA's, no fault of the network's) keeps the failure
-budget and the order: it waits the failure backoff and tries again, so worker
-crashes never make a certificate FAILED; it used to count as a failed attempt
-(ACME_TEMPORARY, budget +1). Branch in workflows/failures.py (``_record_failure``);
-the marker is written only by a run that meets the case."""
+budget and the open order the workflow knows of: it waits the failure backoff and
+tries again, so worker crashes never make a certificate FAILED; it used to count as
+a failed attempt (ACME_TEMPORARY, budget +1). Branch in workflows/failures.py
+(``_record_failure``); the marker is written only by a run that meets the case."""
