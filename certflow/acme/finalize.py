@@ -50,6 +50,11 @@ def _heartbeat_after_quiet_start(started: float) -> None:
         activity.heartbeat()
 
 
+def _stored(stored: tuple[str, RenewalAdvice]) -> IssuedCertificate:
+    leaf, window = stored
+    return _issued(certificate_info(leaf), window)
+
+
 def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
     return IssuedCertificate(
         serial_hex=info.serial_hex,
@@ -68,30 +73,46 @@ class OrderFinalization(IssuerExchange):
 
     async def finalize(self, input: FinalizeInput) -> IssuedCertificate:
         started = time.monotonic()
-        earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
-        if earlier.stored is not None:  # an earlier attempt committed
-            stored_leaf, stored_window = earlier.stored
-            return _issued(certificate_info(stored_leaf), stored_window)
+        # What an earlier try left (the certificate stored, a key bound) is read first
+        # on a retry; a first try reads it only when the order says it may be needed.
+        earlier = None
+        if activity.info().attempt > 1:
+            earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
+            if earlier.stored is not None:  # an earlier attempt committed
+                return _stored(earlier.stored)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
-        encrypted = earlier.pending_key
         if status == AcmeStatus.READY:
-            if encrypted is None:
+            if earlier is None or earlier.pending_key is None:
                 key = generate_private_key(self._key_type)
-                encrypted = self._key.encrypt(private_key_to_pem(key))
                 if not await issued.store_pending_key(
-                    self._pool, input.certificate_id, input.order_url, encrypted
+                    self._pool,
+                    input.certificate_id,
+                    input.order_url,
+                    self._key.encrypt(private_key_to_pem(key)),
                 ):
-                    raise AcmeProblemError(
-                        code=ErrorCode.ACME_INVALID_ORDER,
-                        message="the order is no longer the certificate's open order",
+                    # A key is bound already (an earlier activity's, which stopped
+                    # before finalize), or the row moved on: read which.
+                    earlier = await issued.finalization(
+                        self._pool, input.certificate_id, input.order_url
                     )
+                    if earlier.pending_key is None:
+                        raise AcmeProblemError(
+                            code=ErrorCode.ACME_INVALID_ORDER,
+                            message="the order is no longer the certificate's open order",
+                        )
+                    key = self._decrypt_key(earlier.pending_key)
             else:
-                key = self._decrypt_key(encrypted)
+                key = self._decrypt_key(earlier.pending_key)
             csr = make_csr(key, input.hostname)
             finalize_url = str(order["finalize"])
             await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
         elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
+            if earlier is None:
+                earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
+                if earlier.stored is not None:  # an earlier activity stored it
+                    return _stored(earlier.stored)
+            encrypted = earlier.pending_key
             if encrypted is None:
                 # Finalized with a key that was never stored: nothing can pair it.
                 raise AcmeProblemError(
