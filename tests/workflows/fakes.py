@@ -397,7 +397,10 @@ class Fakes:
             result, _ = await self._enter("place_order", input)
             if result is not DEFAULT:
                 return result  # type: ignore[no-any-return]
-            if row.order_url is not None and not row.deleted:  # persisted by an earlier try
+            # As the real one: only a retry resumes an order on the row (an earlier
+            # try's); a first try's order is refused by persist_challenge's guard
+            # when the row holds another.
+            if activity.info().attempt > 1 and row.order_url is not None and not row.deleted:
                 return order(int(row.order_url.rsplit("/", 1)[1]))
             self.orders_created += 1
             method = input.methods[0] if input.methods else None
@@ -407,7 +410,7 @@ class Fakes:
                 CertificateStatus.RENEWING,
                 CertificateStatus.EXPIRED,
             )
-            if row.deleted or not fresh:
+            if row.deleted or not fresh or row.order_url is not None:
                 raise app_error(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on")
             if row.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
                 row.status = CertificateStatus.PROVISIONING
