@@ -40,6 +40,7 @@ from activities.preflight import PreflightActivities
 from activities.obtain import ObtainActivities
 from activities.reconcile import ReconcileActivities
 from activities.retention import RetentionActivities
+from activities.store_outage import StoreOutageInterceptor
 from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import Readiness, WebhookActivities
@@ -179,6 +180,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
             ),
             *webhook_activities(settings, dns.readiness),
         ),
+        interceptors=[StoreOutageInterceptor()],
         max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
         # Each certificate is a chain of short workflow tasks: five fixed pollers
         # left them queued at the server (N=50 in bench: 6 → 10 certificates/s).

@@ -13,6 +13,7 @@ from temporalio import activity
 
 from certflow.acme.router import Issuers
 from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode, to_application_error
+from certflow.hostnames import Hostname
 from certflow.metrics import CertflowMetrics
 from certflow.models import ISSUABLE, OrderKind
 from certflow.activity_payloads import (
@@ -63,7 +64,7 @@ class AcmeActivities:
         return result
 
     @activity.defn(name="cooldown_remaining")
-    async def cooldown_remaining(self, hostname: str) -> float:
+    async def cooldown_remaining(self, hostname: Hostname) -> float:
         """Seconds left of the rate-limit cooldowns that hold back the next order for
         hostname at the issuer of its attempt (0 when none): the account's, its
         registered domain's, its own, less those a renewal at the CA of its

@@ -25,7 +25,7 @@ from activities.pass_metrics import counted_pass
 from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
-from certflow.hostnames import InvalidHostnameError, normalize_hostname
+from certflow.hostnames import Hostname, InvalidHostnameError, normalize_hostname
 from certflow.workflow_payloads import CertificateInput, ReconcileInput, ReconcileResult
 
 PAGE = 500
@@ -151,7 +151,7 @@ class ReconcileActivities:
 
         await asyncio.gather(*(one(r) for r in rows))
 
-    async def _normalized(self, row: ReconcileRow, result: _Pass) -> str | None:
+    async def _normalized(self, row: ReconcileRow, result: _Pass) -> Hostname | None:
         """The row's hostname as ``request`` spells it (the row renamed to it), or None
         when the row was refused."""
         try:

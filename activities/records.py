@@ -6,6 +6,8 @@ import asyncpg
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from certflow.contract import workflow_id_for
+from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
 from certflow.models import CertificateRecord
@@ -18,6 +20,20 @@ from certflow.activity_payloads import (
     OpenOrder,
 )
 from certflow.workflow_payloads import ProvisioningPolicy
+
+
+def _refusal(hostname: str) -> InvalidHostnameError | None:
+    """Why ``hostname`` is not a valid name in its canonical spelling, or None."""
+    try:
+        canonical = normalize_hostname(hostname)
+    except InvalidHostnameError as err:
+        return err
+    if canonical != hostname:
+        return InvalidHostnameError(
+            hostname,
+            f"not in canonical form: request {canonical} (workflow id {workflow_id_for(canonical)})",
+        )
+    return None
 
 
 class RecordActivities:
@@ -37,7 +53,16 @@ class RecordActivities:
 
     @activity.defn(name="ensure_certificate")
     async def ensure_certificate(self, input: EnsureCertificateInput) -> EnsureCertificateResult:
-        """The row (inserted as PENDING if missing) and this worker's provisioning policy."""
+        """The row (inserted as PENDING if missing) and this worker's provisioning policy.
+
+        The hostname of a workflow a backend started itself is checked here, its
+        first step, before anything is written: one that is not valid, or not in its
+        canonical spelling (the one its workflow id must carry), ends the workflow
+        with InvalidHostnameError. A name a workflow already ran for is never refused
+        (a newer IDNA mapping must not end a live certificate)."""
+        refusal = _refusal(input.hostname)
+        if refusal is not None and not await certificates.run_before(self._pool, input.hostname):
+            raise ApplicationError(str(refusal), type="InvalidHostnameError", non_retryable=True)
         record = await certificates.ensure_certificate(
             self._pool, input.hostname, input.tenant_id, self._managed_base_domain, input.method
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from certflow.errors import ErrorCode
+from certflow.hostnames import Hostname
 from certflow.models import (
     AcmeStatus,
     CertificateRecord,
@@ -35,7 +36,7 @@ class GiveUpInput(Frozen):
 
 
 class EnsureCertificateInput(Frozen):
-    hostname: str
+    hostname: Hostname
     tenant_id: str | None = None
     method: RequestedMethod | None = None
     """The validation method a backend's workflow input asked for (None: the row's)."""
@@ -54,7 +55,7 @@ class RowRequest(Frozen):
 
 
 class CheckDnsInput(Frozen):
-    hostname: str
+    hostname: Hostname
     method: RequestedMethod | None = None
     """The method to check for (None: the one the row asks for)."""
     row: RowRequest | None = None
@@ -77,12 +78,12 @@ class DnsVerdict(Frozen):
 
 
 class CreateOrderInput(Frozen):
-    hostname: str
+    hostname: Hostname
 
 
 class PlaceOrderInput(Frozen):
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     kind: OrderKind = OrderKind.NEW
     """How the CA counts this order against its limits: a renewal (an ARI renewal
     inside its window) is exempt from some cooldowns, and names what it replaces."""
@@ -117,7 +118,7 @@ class Http01CheckInput(Frozen):
     """The self-check of the challenge persisted for this certificate (before accept)."""
 
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     token: str | None = None
     key_authorization: str | None = None
     """The challenge as persisted by this attempt's place_order (None: read the row)."""
@@ -125,7 +126,7 @@ class Http01CheckInput(Frozen):
 
 class TransferInput(Frozen):
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     to_tenant: str
 
 
@@ -141,7 +142,7 @@ class Dns01ChallengeInput(Frozen):
     zone (before accept), or to withdraw (after the order)."""
 
     certificate_id: str
-    hostname: str
+    hostname: Hostname
 
 
 class PersistChallengeInput(Frozen):
@@ -177,7 +178,7 @@ class OrderProgress(Frozen):
 
 class FinalizeInput(Frozen):
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     order_url: str
     issuer: str | None = None
     """The CA of the order (None: the first configured)."""
@@ -201,7 +202,7 @@ class ValidateOrderInput(Frozen):
 
     wait: WaitForOrderInput
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     self_check: bool = False
     """Fetch the persisted challenge as the CA will before accepting it."""
     token: str | None = None

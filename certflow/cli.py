@@ -85,15 +85,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse, refuse bad hostnames and tenant ids, then run the command."""
+    """Parse, refuse bad hostnames and tenant ids, then run the command with them
+    validated (the client takes them as they are)."""
     args = parser().parse_args(argv)
     try:
-        for hostname in [*getattr(args, "hostnames", []), getattr(args, "hostname", None)]:
-            if hostname is not None:
-                normalize_hostname(hostname)
-        for tenant in (getattr(args, "tenant", None), getattr(args, "to", None)):
-            if tenant is not None:
-                normalize_tenant_id(tenant)
+        if getattr(args, "hostnames", None):
+            args.hostnames = [normalize_hostname(h) for h in args.hostnames]
+        if getattr(args, "hostname", None) is not None:
+            args.hostname = normalize_hostname(args.hostname)
+        for tenant in ("tenant", "to"):
+            if getattr(args, tenant, None) is not None:
+                setattr(args, tenant, normalize_tenant_id(getattr(args, tenant)))
     except (InvalidHostnameError, InvalidTenantError) as err:
         print(f"certflow: {err}", file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ from certflow.contract import (
 )
 from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
 from certflow.hostnames import (
-    InvalidHostnameError, is_wildcard, normalize_hostname, normalize_tenant_id
+    Hostname, InvalidHostnameError, as_hostname, is_wildcard, normalize_hostname, normalize_tenant_id
 )
 from certflow.dns.ownership import ownership_record
 from certflow.models import (
@@ -60,6 +60,13 @@ START_CONCURRENCY = 16
 CATCH_UP_SECONDS = 10.0
 """How long ``renew`` waits for a workflow to show the ACTIVE row it just stored."""
 CATCH_UP_POLL_SECONDS = 0.05
+
+
+def _validated(hostnames: Sequence[str]) -> list[Hostname]:
+    """Each hostname validated (the first bad one raises InvalidHostnameError), each
+    once, in the order given."""
+    validated = [as_hostname(raw) for raw in hostnames]
+    return list(dict.fromkeys(validated))
 
 
 def _limit_scope(scope: str | None, key: str | None) -> LimitScope | None:
@@ -118,15 +125,16 @@ class CertflowClient:
         hostnames: Sequence[str],
         tenant_id: str | None = None,
         method: RequestedMethod | None = None,
-    ) -> list[str]:
+    ) -> list[Hostname]:
         """Validate every hostname first (one bad name writes nothing), then upsert
-        each row and start its workflow, or find the one already running.
+        each row and start its workflow, or find the one already running; returns
+        the hostnames as validated, each once.
 
         A hostname of another tenant is refused: HostnameOwnedError, nothing
         requested (an event on that row says so). Without ``tenant_id`` a row keeps
         its tenant. ``method``: how the CA is to be shown control (None keeps the
         row's, ``auto`` for a new one); a wildcard is never http-01."""
-        unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+        unique = _validated(hostnames)
         if tenant_id is not None:
             tenant_id = normalize_tenant_id(tenant_id)
         if method is RequestedMethod.HTTP_01:
@@ -141,7 +149,7 @@ class CertflowClient:
         # Starts are independent round trips to Temporal: a few at a time.
         slots = asyncio.Semaphore(START_CONCURRENCY)
 
-        async def start(hostname: str) -> None:
+        async def start(hostname: Hostname) -> None:
             async with slots:
                 await self.temporal.start_workflow(
                     CERTIFICATE_WORKFLOW,
@@ -155,7 +163,7 @@ class CertflowClient:
         await asyncio.gather(*(start(h) for h in unique))
         return unique
 
-    def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
+    def handle(self, hostname: Hostname) -> WorkflowHandle[Any, Any]:
         return self.temporal.get_workflow_handle(workflow_id_for(hostname))
 
     async def status(self, hostname: str, *, methods: bool = False) -> CertificateState | None:
@@ -163,7 +171,7 @@ class CertflowClient:
         there is no row for the hostname. With ``methods``, a PENDING certificate also
         gets each validation method's readiness and the record to add (a ``check``
         run now): what a product shows next to its "verify" button."""
-        hostname = normalize_hostname(hostname)
+        hostname = as_hostname(hostname)
         row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             return None
@@ -192,25 +200,27 @@ class CertflowClient:
 
     async def events(self, hostname: str) -> list[CertificateEvent]:
         """The certificate's transitions, oldest first."""
-        return await requests.events(self.pool, normalize_hostname(hostname))
+        return await requests.events(self.pool, as_hostname(hostname))
 
     async def retry(self, hostname: str) -> CertificateState:
         """Retry now (the ``retry`` update): rejected when there is nothing to retry."""
-        return await self._update(hostname, "retry")
+        return await self._update(as_hostname(hostname), "retry")
 
     def ownership_record(self, hostname: str, tenant_id: str | None) -> DnsRecord | None:
         """The record that proves ``tenant_id`` owns ``hostname`` (None without
         OWNERSHIP_SECRET): what the product tells its customer to add."""
         if self.ownership_secret is None:
             return None
-        return ownership_record(self.ownership_secret, tenant_id, normalize_hostname(hostname))
+        return ownership_record(self.ownership_secret, tenant_id, as_hostname(hostname))
 
     async def transfer(self, hostname: str, to_tenant: str) -> CertificateState:
         """Move a hostname to another tenant (the ``transfer`` update): done on a worker
         once that tenant's ownership record is seen, refused otherwise (nothing
         changed); an ACTIVE certificate is then renewed with a new key."""
         to_tenant = normalize_tenant_id(to_tenant)
-        return await self._update(hostname, "transfer", TransferRequest(to_tenant=to_tenant))
+        return await self._update(
+            as_hostname(hostname), "transfer", TransferRequest(to_tenant=to_tenant)
+        )
 
     async def renew(self, hostname: str) -> CertificateState:
         """Renew an ACTIVE certificate now (the ``renew`` update).
@@ -220,7 +230,7 @@ class CertflowClient:
         that waits for the renewal time after that; until then it refuses a renew.
         When the row says ACTIVE and the workflow does not show it yet, the update
         is asked again once it does (within CATCH_UP_SECONDS)."""
-        hostname = normalize_hostname(hostname)
+        hostname = as_hostname(hostname)
         try:
             return await self._update(hostname, "renew")
         except ActionRejectedError:
@@ -228,7 +238,7 @@ class CertflowClient:
                 raise
         return await self._update(hostname, "renew")
 
-    async def _caught_up_with_active_row(self, hostname: str) -> bool:
+    async def _caught_up_with_active_row(self, hostname: Hostname) -> bool:
         """Whether the row is ACTIVE while the workflow was behind it, and the
         workflow now waits for the renewal time (False: the refusal stands)."""
         row = await requests.certificate_state(self.pool, hostname)
@@ -250,11 +260,13 @@ class CertflowClient:
 
     async def cancel(self, hostname: str) -> CertificateState:
         """Stop provisioning and renewal: CANCELED, the open authorization deactivated."""
-        return await self._update_with_start(hostname, "cancel", None)
+        return await self._update_with_start(as_hostname(hostname), "cancel", None)
 
     async def delete(self, hostname: str, *, revoke: bool = False) -> CertificateState:
         """Cancel, optionally revoke the current certificate, and remove the rows."""
-        return await self._update_with_start(hostname, "delete", DeleteRequest(revoke=revoke))
+        return await self._update_with_start(
+            as_hostname(hostname), "delete", DeleteRequest(revoke=revoke)
+        )
 
     async def cooldowns(self) -> list[Cooldown]:
         """Every rate-limit cooldown in force (any CA, any scope), longest first."""
@@ -263,11 +275,11 @@ class CertflowClient:
     async def cooldowns_for(self, hostname: str) -> list[Cooldown]:
         """The cooldowns in force that hold back hostname's next order: the account's,
         its registered domain's, its own (less those its renewal is exempt from)."""
-        return await cooldowns.holding_back(self.pool, normalize_hostname(hostname))
+        return await cooldowns.holding_back(self.pool, as_hostname(hostname))
 
     async def clear_cooldowns(
         self, scope: str | None = None, key: str | None = None
-    ) -> list[str]:
+    ) -> list[Hostname]:
         """End the cooldowns in force — all, those of one scope, or the one of a scope's
         key (after the CA lifted a limit) — and wake the workflows waiting for them;
         returns their hostnames. An unknown scope, a key without a scope, or no such
@@ -303,9 +315,9 @@ class CertflowClient:
         each hostname on a worker — where the resolver and the network view are —
         ordering nothing: the product's "verify my domain" button. Hostnames are
         validated first."""
-        unique = list(dict.fromkeys(normalize_hostname(h) for h in hostnames))
+        unique = _validated(hostnames)
 
-        async def one(hostname: str) -> DomainCheckReport:
+        async def one(hostname: Hostname) -> DomainCheckReport:
             report: DomainCheckReport = await self.temporal.execute_workflow(
                 DOMAIN_CHECK_WORKFLOW,
                 DomainCheckInput(hostname=hostname, tenant_id=tenant_id),
@@ -333,9 +345,8 @@ class CertflowClient:
         return result
 
     async def _update(
-        self, hostname: str, update: str, arg: TransferRequest | None = None
+        self, hostname: Hostname, update: str, arg: TransferRequest | None = None
     ) -> CertificateState:
-        hostname = normalize_hostname(hostname)
         try:
             state: CertificateState = await self.handle(hostname).execute_update(
                 update, args=[] if arg is None else [arg], result_type=CertificateState
@@ -351,11 +362,10 @@ class CertflowClient:
         return state
 
     async def _update_with_start(
-        self, hostname: str, update: str, arg: DeleteRequest | None
+        self, hostname: Hostname, update: str, arg: DeleteRequest | None
     ) -> CertificateState:
         """Deliver the update, starting the workflow first if none runs (so a worker,
         which holds the ACME account, carries it out)."""
-        hostname = normalize_hostname(hostname)
         row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             raise ActionRejectedError(f"no certificate for {hostname}")

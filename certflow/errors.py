@@ -163,6 +163,19 @@ class ProvisioningError(CertflowError):
 
 
 @dataclass
+class StoreUnavailableError(ProvisioningError):
+    """Postgres did not answer a step (refused, reset, shutting down, starting up):
+    our own infrastructure failed, as a killed worker does, so an attempt it ends is
+    recorded but not charged to the certificate's failure budget."""
+
+    code: ErrorCode = ErrorCode.ACME_TEMPORARY
+    message: str = "Postgres did not answer"
+
+    def details(self) -> dict[str, Any]:
+        return {**super().details(), "store_unavailable": True}
+
+
+@dataclass
 class DnsCheckError(ProvisioningError):
     """The hostname's DNS does not allow issuance (DNS_CNAME / DNS_CAA) or the
     lookup itself failed (ACME_TEMPORARY for a CAA SERVFAIL)."""

@@ -1,8 +1,10 @@
 """Hostname validation and normalization (SPEC §2: IDNA A-label, lower case, no trailing dot).
 
 Every hostname that reaches the database, DNS or the CA goes through
-:func:`normalize_hostname` first, so the rest of the system can assume one
-canonical spelling per name.
+:func:`normalize_hostname` once, at the edge where it enters (the command line,
+:class:`~certflow.client.CertflowClient`, reconcile for rows a product inserted
+by SQL, ``ensure_certificate`` for a workflow a backend started itself), and is a
+:class:`Hostname` from then on: the layers below take that type and trust it.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from typing import Any
 
 import idna
 from publicsuffixlist import PublicSuffixList
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 __all__ = [
+    "Hostname",
     "InvalidHostnameError",
     "InvalidTenantError",
     "normalize_tenant_id",
     "is_wildcard",
     "normalize_hostname",
+    "as_hostname",
     "registered_domain",
     "MAX_NAME_OCTETS",
     "MAX_LABEL_OCTETS",
@@ -79,7 +85,32 @@ class InvalidHostnameError(CertflowError, ValueError):
         return (type(self), (self.hostname, self.reason))
 
 
-def normalize_hostname(raw: str) -> str:
+class Hostname(str):
+    """A hostname in its one canonical spelling, already validated.
+
+    Made by :func:`normalize_hostname` (or :func:`as_hostname`) from input at an
+    edge, so a function that takes a ``Hostname`` need not check it again, and mypy
+    refuses a bare ``str`` there. Decoded from our own payloads and rows without a
+    second check (the workflow sandbox runs no IDNA): a workflow a backend started
+    with a name of its own is checked by its first step, ``ensure_certificate``.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(cls, core_schema.str_schema())
+
+
+def as_hostname(value: str) -> Hostname:
+    """``value`` itself when it is a :class:`Hostname` already, else normalized
+    (:class:`InvalidHostnameError` when it cannot be)."""
+    return value if isinstance(value, Hostname) else normalize_hostname(value)
+
+
+def normalize_hostname(raw: str) -> Hostname:
     """Return the canonical form of ``raw``: IDNA 2008 A-labels, lower case, no trailing dot.
 
     Surrounding whitespace and one trailing dot are dropped; Unicode is mapped
@@ -157,13 +188,13 @@ def normalize_hostname(raw: str) -> str:
     result = ".".join(a_labels)
     if len(result) > MAX_NAME_OCTETS:
         raise fail(f"name is {len(result)} octets long; at most {MAX_NAME_OCTETS} allowed")
-    return result
+    return Hostname(result)
 
 
 _Fail = Callable[[str], InvalidHostnameError]
 
 
-def _wildcard(raw: str, base: str, fail: _Fail) -> str:
+def _wildcard(raw: str, base: str, fail: _Fail) -> Hostname:
     """``*.<base>``: valid for the DNS validation methods (RFC 8555 §7.1.3), never
     directly under a public suffix (a CA refuses ``*.com`` or ``*.co.uk``)."""
     try:
@@ -174,7 +205,7 @@ def _wildcard(raw: str, base: str, fail: _Fail) -> str:
         raise fail(f"a wildcard directly under the public suffix {name!r} is not allowed")
     if len(name) + 2 > MAX_NAME_OCTETS:
         raise fail(f"name is {len(name) + 2} octets long; at most {MAX_NAME_OCTETS} allowed")
-    return f"*.{name}"
+    return Hostname(f"*.{name}")
 
 
 MAX_TENANT_CHARS = 200

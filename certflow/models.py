@@ -16,6 +16,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from certflow.errors import ErrorCode
+from certflow.hostnames import Hostname
 
 
 class CertificateStatus(StrEnum):
@@ -131,7 +132,7 @@ class CertificateRecord(Frozen):
     """A certificate row as the workflow sees it (no key material, no PEMs)."""
 
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     tenant_id: str | None
     status: CertificateStatus
     error_code: ErrorCode | None = None

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from certflow.errors import ErrorCode
+from certflow.hostnames import Hostname
 from certflow.models import (
     CertificateRecord,
     CertificateStatus,
@@ -30,7 +31,7 @@ class CertificateInput(Frozen):
     """Input of the Certificate workflow (the product backend's contract:
     ``hostname`` and optional ``tenant_id``)."""
 
-    hostname: str
+    hostname: Hostname
     tenant_id: str | None = None
     method: RequestedMethod | None = None
     """How the CA is to be shown control (``auto``, ``http-01``, ``dns-01``,
@@ -127,7 +128,7 @@ class TransferRequest(Frozen):
 
 
 class DomainCheckInput(Frozen):
-    hostname: str
+    hostname: Hostname
     tenant_id: str | None = None
     """Also check that this tenant has proven ownership (None: no ownership check)."""
 
@@ -145,7 +146,7 @@ class DomainCheck(Frozen):
 class DomainCheckReport(Frozen):
     """Every pre-check of one hostname (``starter.py check``), nothing ordered."""
 
-    hostname: str
+    hostname: Hostname
     checks: list[DomainCheck]
     methods: list[MethodReadiness] = []
     """Each validation method: ready or not, and the record to add for it."""
@@ -182,7 +183,7 @@ class CertificateState(Frozen):
     and of updates (the workflow's view), and of ``CertflowClient.status`` and
     ``list_certificates`` (the row, joined with the workflow's view when one runs)."""
 
-    hostname: str
+    hostname: Hostname
     status: CertificateStatus
     phase: Phase | None = None
     """None when no workflow runs (the row alone)."""
@@ -257,7 +258,7 @@ class WebhookEvent(Frozen):
 
     event_id: str
     event: str
-    hostname: str
+    hostname: Hostname
     tenant_id: str | None = None
     status: CertificateStatus
     error_code: ErrorCode | None = None

@@ -14,6 +14,7 @@ from datetime import datetime
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from certflow.hostnames import Hostname
     from certflow.models import CertificateRecord, Phase
     from certflow.workflow_payloads import (
         CaaDisagreement,
@@ -39,7 +40,7 @@ class StopRequest:
 class RunState:
     """The run's state; the workflow's methods are its only writers."""
 
-    hostname: str
+    hostname: Hostname
     current: CertificateRecord | None
     """The row as this run knows it. Carried over a continue-as-new, so queries and
     updates are answered right away in the new run, before the row is read again."""

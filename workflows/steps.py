@@ -147,14 +147,16 @@ class AttemptFailed(Exception):
         self.accepted = accepted
         """The CA answered the attempt's accept before it failed (AcmeProblemError.accepted)."""
         self.lost = lost
-        """The step's last try timed out: its worker never reported back (killed, or
-        stalled), so the attempt ended on no answer of the CA's nor fault of the
-        network's."""
+        """The attempt ended on our own infrastructure, not on an answer of the CA's
+        nor a fault of the network's: the step's last try timed out (its worker never
+        reported back: killed, or stalled), or Postgres did not answer it
+        (StoreUnavailableError)."""
 
 
 def failure_of(err: ActivityError) -> AttemptFailed:
-    """The attempt's error from a failed activity: its typed code and data, or
-    ACME_TEMPORARY for anything untyped (a crash; a timeout, which is also ``lost``)."""
+    """The attempt's error from a failed activity: its typed code and data (a Postgres
+    outage is also ``lost``), or ACME_TEMPORARY for anything untyped (a crash; a
+    timeout, which is also ``lost``)."""
     cause = err.cause
     if isinstance(cause, ApplicationError) and cause.type and cause.type in ErrorCode.__members__:
         details: dict[str, Any] = {}
@@ -166,6 +168,8 @@ def failure_of(err: ActivityError) -> AttemptFailed:
             details.get("retry_after_seconds"),
             bool(details.get("unreachable")),
             bool(details.get("accepted")),
+            # Data of the failure, so histories recorded before it replay unchanged.
+            lost=bool(details.get("store_unavailable")),
         )
     reason = str(cause or err)
     return AttemptFailed(

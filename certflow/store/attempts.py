@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from certflow.hostnames import Hostname
 from certflow.models import (
     OrderKind,
 )
 
 
-async def order_kind(pool: asyncpg.Pool, hostname: str) -> OrderKind:
+async def order_kind(pool: asyncpg.Pool, hostname: Hostname) -> OrderKind:
     """RENEWAL when the hostname has a certificate (the same identifier set as one
     already issued), NEW otherwise."""
     renewal = await pool.fetchval(
@@ -28,7 +29,7 @@ class AttemptIssuer:
     certificate_issuer: str | None
     has_certificate: bool
 
-async def attempt_issuer(pool: asyncpg.Pool, hostname: str) -> AttemptIssuer:
+async def attempt_issuer(pool: asyncpg.Pool, hostname: Hostname) -> AttemptIssuer:
     row = await pool.fetchrow(
         "SELECT order_issuer, ssl_issuer, ssl_certificate IS NOT NULL AS has_certificate"
         " FROM certificates WHERE hostname = $1",

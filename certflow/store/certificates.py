@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncpg
 
 from certflow.errors import ErrorCode
+from certflow.hostnames import Hostname
 from certflow.models import CertificateStatus, CertificateRecord, RequestedMethod
 from certflow.activity_payloads import OpenedOrder, Outcome
 
@@ -38,30 +39,58 @@ def record_of(row: asyncpg.Record) -> CertificateRecord:
 
 async def ensure_certificate(
     pool: asyncpg.Pool,
-    hostname: str,
+    hostname: Hostname,
     tenant_id: str | None,
     managed_base_domain: str | None,
     method: RequestedMethod | None = None,
 ) -> CertificateRecord:
-    """The row for hostname, inserted as PENDING when missing, marked as having a
-    workflow (reconcile then leaves it alone): one statement. A method given (a
-    backend's workflow input) becomes the row's."""
-    row = await pool.fetchrow(
-        f"""
-        INSERT INTO certificates AS c (hostname, tenant_id, workflow_seen_at, requested_method)
-        VALUES ($1, $3, now(), coalesce($4, 'auto'))
-        ON CONFLICT (hostname) DO UPDATE SET
-            workflow_seen_at = now(),
-            requested_method = coalesce($4, c.requested_method)
-        RETURNING {RECORD_COLUMNS}
-        """,
-        hostname,
-        managed_base_domain,
-        tenant_id,
-        None if method is None else str(method),
-    )
+    """The row for hostname, one statement: read; marked as having a workflow
+    (reconcile then leaves it alone) by the first run that reads it; inserted as
+    PENDING only when missing (a workflow a backend started itself: a request's row
+    is the client's one INSERT). A method given (a backend's workflow input) becomes
+    the row's."""
+    # A data-modifying CTE's changes are seen only through its RETURNING, so the row
+    # comes from whichever branch acted: marked, inserted, or read as it was.
+    statement = f"""
+        WITH marked AS (
+            UPDATE certificates AS c SET
+                workflow_seen_at = coalesce(c.workflow_seen_at, now()),
+                requested_method = coalesce($4, c.requested_method)
+            WHERE c.hostname = $1
+              AND (c.workflow_seen_at IS NULL OR $4::text <> c.requested_method)
+            RETURNING c.*
+        ), inserted AS (
+            INSERT INTO certificates AS c (hostname, tenant_id, workflow_seen_at, requested_method)
+            SELECT $1, $3, now(), coalesce($4, 'auto')
+            WHERE NOT EXISTS (SELECT 1 FROM certificates WHERE hostname = $1)
+            ON CONFLICT (hostname) DO NOTHING
+            RETURNING c.*
+        )
+        SELECT {RECORD_COLUMNS}
+        FROM (
+            SELECT * FROM marked
+            UNION ALL SELECT * FROM inserted
+            UNION ALL SELECT * FROM certificates
+                      WHERE hostname = $1 AND NOT EXISTS (SELECT 1 FROM marked)
+        ) AS c
+    """
+    arguments = (hostname, managed_base_domain, tenant_id, None if method is None else str(method))
+    row = await pool.fetchrow(statement, *arguments)
+    if row is None:  # a request inserted it after this statement's snapshot: there now
+        row = await pool.fetchrow(statement, *arguments)
     assert row is not None
     return record_of(row)
+
+async def run_before(pool: asyncpg.Pool, hostname: str) -> bool:
+    """Whether a workflow already ran for the row of this hostname, spelled exactly
+    so (the column compares case-insensitively)."""
+    return bool(
+        await pool.fetchval(
+            "SELECT workflow_seen_at IS NOT NULL FROM certificates"
+            " WHERE hostname = $1 AND hostname::text = $1",
+            hostname,
+        )
+    )
 
 async def persist_challenge(
     pool: asyncpg.Pool,
@@ -109,7 +138,7 @@ async def persist_challenge(
     )
     return bool(result)
 
-async def attempt_request(pool: asyncpg.Pool, hostname: str) -> tuple[RequestedMethod, str | None]:
+async def attempt_request(pool: asyncpg.Pool, hostname: Hostname) -> tuple[RequestedMethod, str | None]:
     """What the row asks of an attempt now: its validation method (``auto`` when no
     row) and its tenant (whose ownership may have to be proven)."""
     row = await pool.fetchrow(

@@ -13,7 +13,7 @@ from datetime import datetime
 
 import asyncpg
 
-from certflow.hostnames import registered_domain
+from certflow.hostnames import Hostname, registered_domain
 from certflow.models import Cooldown, LimitScope, OrderKind
 from certflow.store.attempts import order_kind
 
@@ -127,7 +127,7 @@ def longest(cooldowns: Sequence[Cooldown]) -> Cooldown | None:
     return max(cooldowns, key=lambda c: c.until, default=None)
 
 
-async def holding_back(pool: asyncpg.Pool, hostname: str) -> list[Cooldown]:
+async def holding_back(pool: asyncpg.Pool, hostname: Hostname) -> list[Cooldown]:
     """The cooldowns in force, at any CA, that hold back hostname's next order: the
     account's, its registered domain's, its own (less those its renewal is exempt
     from), longest first."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from importlib import resources
 
 import asyncpg
@@ -21,6 +22,28 @@ async def _keep_session(_: asyncpg.Connection) -> None:
     sent. certflow never leaves session state behind (no SET, LISTEN, cursors;
     the one session advisory lock, in migrate(), is released explicitly).
     """
+
+
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresConnectionError,  # the connection broke or was never made
+    asyncpg.CannotConnectNowError,  # starting up or shutting down
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+)
+"""What asyncpg raises while Postgres is away, as opposed to an error in a statement."""
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Postgres did not answer (not that a statement failed): one
+    of asyncpg's own, or an OS error (refused, reset, no socket file, a connect
+    timeout) raised through asyncpg, as its connect raises them."""
+    if isinstance(exc, UNAVAILABLE):
+        return True
+    return isinstance(exc, OSError) and any(
+        frame.f_globals.get("__name__", "").startswith("asyncpg.")
+        for frame, _ in traceback.walk_tb(exc.__traceback__)
+    )
 
 
 async def create_pool(

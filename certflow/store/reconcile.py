@@ -9,6 +9,7 @@ from datetime import datetime
 
 import asyncpg
 
+from certflow.hostnames import Hostname
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ async def all_open_rows(pool: asyncpg.Pool) -> list[ReconcileRow]:
     )
     return [ReconcileRow(r["certificate_id"], r["hostname"], r["tenant_id"]) for r in rows]
 
-async def rename(pool: asyncpg.Pool, certificate_id: str, hostname: str) -> bool:
+async def rename(pool: asyncpg.Pool, certificate_id: str, hostname: Hostname) -> bool:
     """Give a row its normalized hostname; False when another row already has it."""
     try:
         result = await pool.fetchval(

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from certflow.hostnames import Hostname
 from certflow.models import CertificateEvent, CertificateRecord, RequestedMethod
 from certflow.workflow_payloads import CertificateState
 from certflow.store.certificates import RECORD_COLUMNS, record_of
@@ -52,7 +53,7 @@ async def transfer(
 
 async def request_certificates(
     pool: asyncpg.Pool,
-    hostnames: Sequence[str],
+    hostnames: Sequence[Hostname],
     tenant_id: str | None,
     method: RequestedMethod | None = None,
 ) -> list[str]:
@@ -108,7 +109,7 @@ _STATE_COLUMNS = """
     ssl_issuer AS issuer, order_issuer
 """
 
-async def certificate_state(pool: asyncpg.Pool, hostname: str) -> CertificateState | None:
+async def certificate_state(pool: asyncpg.Pool, hostname: Hostname) -> CertificateState | None:
     """What the product sees of a certificate row (no key material)."""
     row = await pool.fetchrow(
         f"SELECT {_STATE_COLUMNS} FROM certificates WHERE hostname = $1", hostname
@@ -124,7 +125,7 @@ async def list_certificates(pool: asyncpg.Pool, status: str | None = None) -> li
     )
     return [CertificateState(**dict(r)) for r in rows]
 
-async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[CertificateEvent]:
+async def events(pool: asyncpg.Pool, hostname: Hostname, limit: int = 200) -> list[CertificateEvent]:
     """The hostname's transitions, oldest first (the last ``limit``)."""
     rows = await pool.fetch(
         """
@@ -137,10 +138,10 @@ async def events(pool: asyncpg.Pool, hostname: str, limit: int = 200) -> list[Ce
     )
     return [CertificateEvent(**dict(r)) for r in rows]
 
-async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[str]:
+async def waiting_for_cooldown(pool: asyncpg.Pool) -> list[Hostname]:
     """Hostnames held back by a CA rate limit."""
     rows = await pool.fetch(
         "SELECT hostname::text AS hostname FROM certificates"
         " WHERE provisioning_error = 'ACME_RATE_LIMITED'"
     )
-    return [r["hostname"] for r in rows]
+    return [Hostname(r["hostname"]) for r in rows]

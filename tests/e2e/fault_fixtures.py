@@ -16,6 +16,7 @@ import contextlib
 import base64
 import gzip
 import http.server
+import json
 import os
 import re
 import secrets
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 import zlib
@@ -43,7 +45,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
 from devstack import servers
-from devstack.faultproxy import FaultProxy, start_fault_proxy
+from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
 from certflow.workflow_payloads import CertificateState
@@ -61,6 +63,53 @@ SHORT_POLICY = {
     "CERTFLOW_FAILED_RETRY_SECONDS": "0",
     "CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0",
 }
+
+
+@dataclass
+class FinalizeTrap:
+    """Counts one hostname's orders and finalize answers at the CA, through the
+    proxy, and runs ``action``, once, when Pebble has answered a finalize of one of
+    its orders with 200: in the proxy's thread, before the answer is relayed, so the
+    worker has not seen it yet."""
+
+    proxy: FaultProxy
+    hostname: str
+    action: Callable[[], None]
+    orders_created: int = 0
+    """201 answers to new-order requests naming the hostname."""
+    finalize_paths: set[str] = field(default_factory=set)
+    finalize_answers: list[int] = field(default_factory=list)
+    """Pebble's statuses for finalize requests of the hostname's orders."""
+    fired: threading.Event = field(default_factory=threading.Event)
+    """Set once ``action`` has returned (a test waiting on it finds the action done)."""
+    _claimed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_new_order(self, request: Forwarded) -> None:
+        if self.hostname not in request.identifiers or request.status != 201:
+            return
+        order = json.loads(request.response_body)
+        with self._lock:
+            self.orders_created += 1
+            self.finalize_paths.add(urllib.parse.urlsplit(order["finalize"]).path)
+
+    def on_finalize(self, request: Forwarded) -> None:
+        with self._lock:
+            if urllib.parse.urlsplit(request.path).path not in self.finalize_paths:
+                return
+            self.finalize_answers.append(request.status)
+            fire = not self._claimed and request.status == 200
+            self._claimed |= fire
+        if fire:
+            self.action()
+            self.fired.set()
+
+    def install(self) -> list[Callable[[], None]]:
+        """Register the hooks; returns the functions that remove them."""
+        return [
+            self.proxy.on_forwarded(Endpoint.NEW_ORDER, self.on_new_order),
+            self.proxy.on_forwarded(Endpoint.FINALIZE, self.on_finalize),
+        ]
 
 
 def unique_label() -> str:

@@ -30,10 +30,14 @@ from pathlib import Path
 import asyncpg
 import idna
 import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from certflow.contract import CERTIFICATE_WORKFLOW
 from certflow.store import certificates
-from certflow.hostnames import InvalidHostnameError
+from certflow.hostnames import Hostname, InvalidHostnameError
+from certflow.workflow_payloads import CertificateInput
 from certflow.edge.responder import REQUEST_RECEIPT_SECONDS
 from certflow.client import CertflowClient
 from tests.e2e.conftest import (
@@ -368,6 +372,38 @@ async def test_library_rejects_the_same_corpus_and_more(
     with pytest.raises(InvalidHostnameError):
         await client.request([good, "bad..name.example.com"])
     assert await _my_rows_and_events(db, mine) == before
+
+
+async def test_a_workflow_started_directly_with_a_bad_hostname_writes_nothing(
+    deployment: Deployment, client: CertflowClient, db: asyncpg.Pool
+) -> None:
+    """A backend that starts the Certificate workflow itself, past the client, with a
+    hostname that is not valid, or valid but not in its canonical spelling (the
+    row and the workflow id would then differ from the ones ``request`` makes),
+    gets a failed workflow whose cause is InvalidHostnameError naming the problem,
+    and no row: ``ensure_certificate``, the first step, checks it before writing.
+
+    Shown red: with ``_refuse_unless_canonical`` taken out of ``ensure_certificate``
+    both workflows ran on (the first 60 s wait timed out) and a row existed for each."""
+    canonical = deployment.bare_hostname("direct-start")
+    cases = {
+        "bad..name.example.com": "empty label",
+        canonical.upper(): f"not in canonical form: request {canonical}",
+    }
+    before = await _my_rows_and_events(db, [canonical, *cases])
+    for raw, reason in cases.items():
+        handle = await client.temporal.start_workflow(
+            CERTIFICATE_WORKFLOW,
+            CertificateInput(hostname=Hostname(raw)),
+            id=f"certificate:{raw}",
+            task_queue=client.task_queue,
+        )
+        with pytest.raises(WorkflowFailureError) as caught:
+            await asyncio.wait_for(handle.result(), timeout=60)
+        refusal = caught.value.cause.__cause__
+        assert isinstance(refusal, ApplicationError), repr(caught.value.cause)
+        assert refusal.type == "InvalidHostnameError" and reason in refusal.message, refusal.message
+    assert await _my_rows_and_events(db, [canonical, *cases]) == before == ([], 0)
 
 
 # ---------------------------------------------------------------------------- responder

@@ -9,10 +9,10 @@ fault proxy stops Postgres the moment Pebble has answered the hostname's finaliz
 Postgres away when it stores the certificate, on every try, and the attempt fails
 to the workflow. Postgres comes back once the history shows that failure.
 
-Shown red: with the worker's StoreOutageInterceptor not typing the outage (
-``store_unavailable`` answering False: a bare ConnectionRefusedError reached the
-workflow, as before), the failure was charged: the row said ACME_TEMPORARY with
-retry count 1.
+Shown red: with the worker's StoreOutageInterceptor not typing the outage
+(``store_unavailable`` answering False, as before: a bare FileNotFoundError, the
+Unix socket gone, reached the workflow), the failure was charged: the row said
+ACME_TEMPORARY with retry count 1.
 """
 
 from __future__ import annotations
@@ -95,7 +95,6 @@ async def _finalize_failed(client: CertflowClient, hostname: str, timeout: float
             if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
                 failed = event.activity_task_failed_event_attributes
                 if names.get(failed.scheduled_event_id) == "finalize_and_store":
-                    assert failed.failure.application_failure_info.type == "ACME_TEMPORARY", failed
                     return
         assert time.monotonic() < deadline, "finalize_and_store never failed with Postgres away"
         await asyncio.sleep(0.2)
@@ -133,9 +132,8 @@ async def test_a_postgres_outage_mid_attempt_is_not_charged(
         f" orders {outage.orders_created}, finalize answers {outage.finalize_answers}"
     )
     assert recorded.status != "ACTIVE", "the failed attempt was never seen recorded"
-    assert (recorded.error_message or "").startswith("Postgres did not answer: "), recorded
-
     assert recorded.retry_count == 0, f"the outage was charged: {describe(recorded)}"
+    assert (recorded.error_message or "").startswith("Postgres did not answer: "), recorded
     # Issued from the one order it had, with the key stored before finalize.
     assert outage.orders_created == 1 and outage.finalize_answers == [200]
     row = await outage_client.pool.fetchrow(

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import asyncpg
 import pytest
@@ -40,6 +40,7 @@ from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded
 from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import (
+    FinalizeTrap,
     Stack,
     activity_history,
     attempts_summary,
@@ -71,50 +72,10 @@ def _public(stack: Stack, encrypted: bytes) -> bytes:
     return key.public_key().public_bytes(*SPKI)
 
 
-@dataclass
-class KillAtFinalize:
-    """Counts the CA's answers for one hostname and kills the worker, once, when
-    Pebble has answered a finalize of one of its orders with 200."""
-
-    stack: Stack
-    hostname: str
-    orders_created: int = 0
-    """201 answers to new-order requests naming the hostname."""
-    finalize_paths: set[str] = field(default_factory=set)
-    finalize_answers: list[int] = field(default_factory=list)
-    """Pebble's statuses for finalize requests of the hostname's orders."""
-    kills: int = 0
-    killed: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_new_order(self, request: Forwarded) -> None:
-        if self.hostname not in request.identifiers or request.status != 201:
-            return
-        order = json.loads(request.response_body)
-        with self._lock:
-            self.orders_created += 1
-            self.finalize_paths.add(urllib.parse.urlsplit(order["finalize"]).path)
-
-    def on_finalize(self, request: Forwarded) -> None:
-        with self._lock:
-            if urllib.parse.urlsplit(request.path).path not in self.finalize_paths:
-                return
-            self.finalize_answers.append(request.status)
-            kill = self.kills == 0 and request.status == 200
-            if kill:
-                self.kills += 1
-        if kill:
-            # Pebble has finalized the order; the worker dies before the answer is
-            # relayed, so it never learns the outcome.
-            self.stack.worker.kill()
-            self.killed.set()
-
-    def install(self) -> list[Callable[[], None]]:
-        proxy = _proxy(self.stack)
-        return [
-            proxy.on_forwarded(Endpoint.NEW_ORDER, self.on_new_order),
-            proxy.on_forwarded(Endpoint.FINALIZE, self.on_finalize),
-        ]
+def kill_at_finalize(stack: Stack, hostname: str) -> FinalizeTrap:
+    """Kills the worker, once, when Pebble has answered a finalize of one of the
+    hostname's orders with 200: it never learns the outcome."""
+    return FinalizeTrap(_proxy(stack), hostname, stack.worker.kill)
 
 
 @dataclass
@@ -127,7 +88,7 @@ class Recovered:
 
 
 async def _crash_and_recover(
-    stack: Stack, client: CertflowClient, crash: KillAtFinalize
+    stack: Stack, client: CertflowClient, crash: FinalizeTrap
 ) -> Recovered:
     """Request the hostname, wait for the kill, record the row as the dead worker left
     it, restart the worker, wait for ACTIVE. Returns what the test checks."""
@@ -135,7 +96,7 @@ async def _crash_and_recover(
     try:
         started = time.monotonic()
         await client.request([crash.hostname])
-        assert await asyncio.to_thread(crash.killed.wait, 60), (
+        assert await asyncio.to_thread(crash.fired.wait, 60), (
             f"the kill point was never reached; finalize answers {crash.finalize_answers}, "
             f"orders {crash.orders_created}; {describe(await client.status(crash.hostname))}"
         )
@@ -185,11 +146,11 @@ async def test_a_worker_killed_after_the_ca_finalized_pairs_the_order_with_its_s
     """
     stack = fault_stack
     hostname = stack.hostname("killed-finalize")
-    crash = KillAtFinalize(stack, hostname)
+    crash = kill_at_finalize(stack, hostname)
     seen = await _crash_and_recover(stack, fault_client, crash)
     at_kill, row = seen.at_kill, seen.row
 
-    assert crash.kills == 1, "the worker was not killed at finalize"
+    assert crash.fired.is_set(), "the worker was not killed at finalize"
     assert crash.orders_created == 1, (
         f"{crash.orders_created} orders created at the CA for {hostname}: the crash cost an order"
     )

@@ -8,12 +8,15 @@ from typing import Any
 import pytest
 
 from certflow.hostnames import (
+    Hostname,
     InvalidHostnameError,
     InvalidTenantError,
+    as_hostname,
     is_wildcard,
     normalize_hostname,
     normalize_tenant_id,
 )
+from certflow.workflow_payloads import CertificateInput
 
 LABEL_63 = "a" * 63
 NAME_253 = ".".join([LABEL_63, LABEL_63, LABEL_63, "a" * 61])
@@ -54,6 +57,39 @@ def test_good_names_are_normalized(raw: str, expected: str) -> None:
 @pytest.mark.parametrize(("raw", "expected"), GOOD)
 def test_normalization_is_idempotent(raw: str, expected: str) -> None:
     assert normalize_hostname(expected) == expected
+
+
+def test_a_hostname_is_validated_once_and_trusted_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``normalize_hostname`` returns is a ``Hostname``, which ``as_hostname`` (the
+    client's and the activities' entry) passes on without validating it again; a
+    plain ``str`` is validated. Shown red: with ``as_hostname`` normalizing every
+    value, the first case counted one validation."""
+    validated = normalize_hostname(" Shop.Example.COM. ")
+    assert type(validated) is Hostname and validated == "shop.example.com"
+    calls: list[str] = []
+    real = normalize_hostname
+
+    def counting(raw: str) -> Hostname:
+        calls.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr("certflow.hostnames.normalize_hostname", counting)
+    assert as_hostname(validated) is validated and calls == []
+    assert as_hostname("Shop.Example.COM") == "shop.example.com" and calls == ["Shop.Example.COM"]
+    with pytest.raises(InvalidHostnameError):
+        as_hostname("shop..example.com")
+
+
+def test_a_hostname_in_a_payload_is_the_json_string_it_always_was() -> None:
+    """Payloads carry a ``Hostname`` as a plain JSON string (recorded histories decode
+    unchanged) and decode it as a ``Hostname``."""
+    payload = CertificateInput(hostname=Hostname("shop.example.com"))
+    assert payload.model_dump_json() == CertificateInput.model_validate(
+        {"hostname": "shop.example.com"}
+    ).model_dump_json()
+    assert '"hostname":"shop.example.com"' in payload.model_dump_json()
+    decoded = CertificateInput.model_validate_json(payload.model_dump_json())
+    assert type(decoded.hostname) is Hostname
 
 
 # (input, words the reason must contain (all, case-insensitive))

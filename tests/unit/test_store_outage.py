@@ -36,17 +36,29 @@ async def _run(error: BaseException) -> BaseException:
     return caught.value
 
 
+async def _connect_error(url: str) -> BaseException:
+    """What asyncpg's connect raises for ``url`` (nobody there)."""
+    with pytest.raises(OSError) as caught:
+        await asyncpg.connect(url, timeout=5)
+    return caught.value
+
+
 @pytest.mark.parametrize(
     "outage",
     [
         asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
         asyncpg.CannotConnectNowError("the database system is starting up"),
         asyncpg.AdminShutdownError("terminating connection due to administrator command"),
-        ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)"),
+        pytest.param("postgresql://postgres@127.0.0.1:1/certflow", id="connect-refused"),
+        pytest.param(
+            "postgresql://postgres@/certflow?host=/nonexistent-socket-dir", id="connect-no-socket-file"
+        ),
     ],
     ids=lambda e: type(e).__name__,
 )
-async def test_a_postgres_outage_reaches_the_workflow_typed(outage: BaseException) -> None:
+async def test_a_postgres_outage_reaches_the_workflow_typed(outage: BaseException | str) -> None:
+    if isinstance(outage, str):
+        outage = await _connect_error(outage)
     raised = await _run(outage)
     assert isinstance(raised, ApplicationError), repr(raised)
     assert raised.type == str(ErrorCode.ACME_TEMPORARY) and not raised.non_retryable
@@ -61,6 +73,7 @@ async def test_a_postgres_outage_reaches_the_workflow_typed(outage: BaseExceptio
         asyncpg.UniqueViolationError("duplicate key value violates unique constraint"),
         ApplicationError("the CA answered 503", type="ACME_TEMPORARY"),
         ValueError("a bug"),
+        FileNotFoundError(2, "No such file or directory"),  # not raised through asyncpg
     ],
     ids=lambda e: type(e).__name__,
 )

@@ -14,7 +14,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from certflow.errors import ErrorCode
+from certflow.errors import ErrorCode, StoreUnavailableError, to_application_error
 from certflow.models import AcmeStatus, RequestedMethod
 from certflow.models import CertificateStatus
 from certflow.activity_payloads import (
@@ -29,6 +29,7 @@ from certflow.activity_payloads import (
     WaitForOrderInput,
 )
 from workflows.policy import failure_backoff
+from workflows.steps import SHORT_FAULT_RETRY
 
 from .fakes import (
     renewal_at,
@@ -448,6 +449,86 @@ async def test_an_attempt_ended_by_a_lost_worker_does_not_spend_the_budget(
         # The kept order was finalized each time: no new order.
         assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(1).order_url}
         assert fakes.orders_created == 1
+        await run.cancel()
+
+
+async def test_a_postgres_outage_does_not_spend_the_budget(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """Three attempts whose finalize_and_store met Postgres away on every try (as the
+    worker's StoreOutageInterceptor types it: StoreUnavailableError, retried as a
+    short fault): each is recorded, none is charged, the order is kept, and the
+    certificate is issued; three restarts of our own database never make it FAILED.
+
+    Shown red: with ``failure_of`` not reading ``store_unavailable`` (an outage
+    charged like a 503, as before), the third attempt made it FAILED (ACME_FAILED,
+    retry count 3) and the wait for ACTIVE timed out.
+    """
+    tries = SHORT_FAULT_RETRY.maximum_attempts
+
+    async def postgres_away(index: int, _: object) -> object:
+        if index < 3 * tries:
+            outage = StoreUnavailableError(
+                message="Postgres did not answer: ConnectionDoesNotExistError: connection was closed"
+            )
+            raise to_application_error(outage)
+        return DEFAULT
+
+    fakes = Fakes(workflow_env, behaviours={"finalize_and_store": postgres_away})
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 0, True, ErrorCode.ACME_TEMPORARY)
+        ] * 3
+        assert all("Postgres did not answer" in c.arg.message for c in fakes.of("record_failure"))
+        assert fakes.orders_created == 1
+        await run.cancel()
+
+
+def order_persisted_then_lost(fakes: Fakes) -> Callable[[int, object], Awaitable[object]]:
+    """place_order's first try opens an order and commits it to the row, then meets a
+    short fault; the next two fail before reading the row (Postgres away), and the
+    last stalls without a heartbeat until Temporal times it out (a SIGKILLed
+    worker's): the row holds an order the workflow never heard of."""
+
+    async def behaviour(index: int, _: object) -> object:
+        if index == 0:
+            fakes.orders_created += 1
+            fakes.row.status = CertificateStatus.PROVISIONING
+            fakes.row.order_url = order(fakes.orders_created).order_url
+            fakes.row.challenge_url = order(fakes.orders_created).challenge_url
+        if index < 3:
+            raise app_error(ErrorCode.ACME_TEMPORARY, "badNonce", non_retryable=False)
+        if index == 3:
+            await asyncio.Event().wait()  # until the worker shuts down
+        return DEFAULT
+
+    return behaviour
+
+
+async def test_a_lost_place_order_leaves_no_order_the_next_attempt_trips_on(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """A place_order attempt lost to a dead worker after its order was committed to the
+    row: the attempt is not charged, and the order the workflow never heard of is
+    cleared with it, so the next attempt opens one new order and issues. Chaos met
+    this with the first LOST_WORKER_PATCH version, which kept the row's order: the
+    row went PENDING holding it, the next place_order's order was refused as "the
+    certificate row moved on" (charged), and a third order followed.
+
+    Shown red: with ``decide_outcome`` keeping the order of an uncharged attempt
+    (``keep_order=True``, the first version), the second attempt failed with "the
+    certificate row moved on" and the outcomes gained an ACME_INVALID_ORDER charge.
+    """
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["place_order"] = order_persisted_then_lost(fakes)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PENDING, 0, False, ErrorCode.ACME_TEMPORARY)
+        ]
+        assert fakes.orders_created == 2
+        assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(2).order_url}
         await run.cancel()
 
 
