@@ -147,6 +147,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
                 max_orders_in_flight=settings.max_new_orders_in_flight,
                 polls_per_second=settings.acme_polls_per_second,
             ),
+            settings.managed_base_domain,
         ),
         pool,
         metrics,

@@ -24,6 +24,7 @@ from certflow.activity_payloads import (
     OpenedOrder,
     OrderProgress,
     PlaceOrderInput,
+    PlacedOrder,
     RenewalAdvice,
     WaitForOrderInput,
 )
@@ -92,7 +93,7 @@ class AcmeActivities:
         )
 
     @activity.defn(name="place_order")
-    async def place_order(self, input: PlaceOrderInput) -> OpenedOrder:
+    async def place_order(self, input: PlaceOrderInput) -> PlacedOrder:
         """Open a new order at the chosen issuer and persist its challenge, in one
         step (runs from before the place-order patch call create_order and
         persist_challenge instead).

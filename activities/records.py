@@ -18,6 +18,7 @@ from certflow.activity_payloads import (
     PersistChallengeInput,
     RecordFailureInput,
     OpenOrder,
+    Transition,
 )
 from certflow.workflow_payloads import ProvisioningPolicy
 
@@ -34,6 +35,11 @@ def _refusal(hostname: str) -> InvalidHostnameError | None:
             f"not in canonical form: request {canonical} (workflow id {workflow_id_for(canonical)})",
         )
     return None
+
+
+def _transition(row: CertificateRecord | None) -> Transition:
+    """A guarded transition's answer from the row it returned (None: not applied)."""
+    return Transition(applied=row is not None, row=row)
 
 
 class RecordActivities:
@@ -69,25 +75,37 @@ class RecordActivities:
         return EnsureCertificateResult(record=record, policy=self._policy)
 
     @activity.defn(name="give_up")
-    async def give_up(self, input: GiveUpInput) -> bool:
+    async def give_up(self, input: GiveUpInput) -> Transition:
         """Stop trying: CANCELED (ABANDONED) or EXPIRED (DEPARTED), with why."""
-        done, first = await certificates.give_up(
-            self._pool, input.certificate_id, input.status, input.code, input.message
+        row, first = await certificates.give_up(
+            self._pool,
+            input.certificate_id,
+            input.status,
+            input.code,
+            input.message,
+            self._managed_base_domain,
         )
         if first:  # not again when an attempt is retried after its commit
             self._metrics.given_up(str(input.code).lower())
-        return done
+        return _transition(row)
 
     @activity.defn(name="persist_challenge")
     async def persist_challenge(self, input: PersistChallengeInput) -> bool:
         """Store the open order and challenge (before it is accepted)."""
-        return await certificates.persist_challenge(self._pool, input.certificate_id, input.order)
+        row = await certificates.persist_challenge(self._pool, input.certificate_id, input.order)
+        return row is not None
 
     @activity.defn(name="record_failure")
-    async def record_failure(self, input: RecordFailureInput) -> bool:
-        """Apply a failed attempt's outcome; False when the row is gone or done."""
-        return await certificates.record_failure(
-            self._pool, input.certificate_id, input.outcome, input.message
+    async def record_failure(self, input: RecordFailureInput) -> Transition:
+        """Apply a failed attempt's outcome; not applied when the row is gone or done."""
+        return _transition(
+            await certificates.record_failure(
+                self._pool,
+                input.certificate_id,
+                input.outcome,
+                input.message,
+                self._managed_base_domain,
+            )
         )
 
     # Registered under its first name, which histories hold.
@@ -103,19 +121,26 @@ class RecordActivities:
         return await self._load(certificate_id)
 
     @activity.defn(name="begin_renewal")
-    async def begin_renewal(self, certificate_id: str) -> bool:
+    async def begin_renewal(self, certificate_id: str) -> Transition:
         """ACTIVE → RENEWING."""
-        return await certificates.begin_renewal(self._pool, certificate_id)
+        return _transition(
+            await certificates.begin_renewal(self._pool, certificate_id, self._managed_base_domain)
+        )
 
     @activity.defn(name="mark_expired")
-    async def mark_expired(self, certificate_id: str) -> bool:
+    async def mark_expired(self, certificate_id: str) -> Transition:
         """RENEWING → EXPIRED once the old certificate lapsed."""
-        return await certificates.mark_expired(self._pool, certificate_id)
+        return _transition(
+            await certificates.mark_expired(self._pool, certificate_id, self._managed_base_domain)
+        )
 
     @activity.defn(name="cancel_certificate")
     async def cancel_certificate(self, certificate_id: str) -> OpenOrder:
-        """Status CANCELED; returns the order that was open, if any."""
-        return OpenOrder(order_url=await certificates.cancel(self._pool, certificate_id))
+        """Status CANCELED; returns the order that was open, if any, and the row."""
+        order_url, row = await certificates.cancel(
+            self._pool, certificate_id, self._managed_base_domain
+        )
+        return OpenOrder(order_url=order_url, row=row)
 
     @activity.defn(name="delete_certificate")
     async def delete_certificate(self, certificate_id: str) -> bool:

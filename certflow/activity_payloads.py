@@ -11,6 +11,9 @@ key authorization is public by design.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
+
+from pydantic import model_validator
 
 from certflow.errors import ErrorCode
 from certflow.hostnames import Hostname
@@ -24,6 +27,21 @@ from certflow.models import (
     ValidationMethod,
 )
 from certflow.workflow_payloads import ProvisioningPolicy
+
+
+class Transition(Frozen):
+    """A guarded transition's answer: whether it applied and, when it did, the row as
+    it left it (``RETURNING``), which the workflow takes as its record."""
+
+    applied: bool
+    row: CertificateRecord | None = None
+    """None also in histories from before transitions returned their row."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bare_answer(cls, value: Any) -> Any:
+        # Those histories hold the bare true or false the transition used to return.
+        return {"applied": value} if isinstance(value, bool) else value
 
 
 class GiveUpInput(Frozen):
@@ -114,6 +132,13 @@ class OpenedOrder(Frozen):
     """The challenge's type (None: http-01, as before methods)."""
 
 
+class PlacedOrder(OpenedOrder):
+    """An order place_order opened and persisted, with the row as persisting it left
+    it (None in histories from before transitions returned their row)."""
+
+    row: CertificateRecord | None = None
+
+
 class Http01CheckInput(Frozen):
     """The self-check of the challenge persisted for this certificate (before accept)."""
 
@@ -194,6 +219,9 @@ class IssuedCertificate(Frozen):
     ari_window_end: datetime | None = None
     issued_at: datetime | None = None
     """When it was stored (None in histories from before it was kept)."""
+    row: CertificateRecord | None = None
+    """The row as storing it left it (None in histories from before transitions
+    returned their row)."""
 
 
 class ValidateOrderInput(Frozen):
@@ -237,6 +265,9 @@ class OpenOrder(Frozen):
     """The order a cancel found open (its authorization is then deactivated)."""
 
     order_url: str | None = None
+    row: CertificateRecord | None = None
+    """The row as the cancel left it (None when it was gone, and in histories from
+    before transitions returned their row)."""
 
 
 class PruneEventsResult(Frozen):

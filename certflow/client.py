@@ -27,12 +27,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from certflow.store import cooldowns, requests
 from certflow.contract import (
-    CERTIFICATE_WORKFLOW,
-    DOMAIN_CHECK_WORKFLOW,
-    domain_check_workflow_id,
-    RECONCILE_WORKFLOW,
-    reconcile_schedule_id,
-    workflow_id_for,
+    CERTIFICATE_WORKFLOW, DOMAIN_CHECK_WORKFLOW, RECONCILE_WORKFLOW,
+    domain_check_workflow_id, reconcile_schedule_id, workflow_id_for,
 )
 from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
 from certflow.hostnames import (

@@ -60,6 +60,17 @@ class CertificateBase:
         self._state.current = record
         self._publish()
 
+    def _set_written(
+        self, row: CertificateRecord | None, before: CertificateRecord, **wrote: Any
+    ) -> CertificateRecord:
+        """The record after a guarded transition: the row it returned; without one
+        (histories from before transitions returned their row, or a transition that
+        found no row to write), ``before`` with what the transition wrote, as those
+        runs went on."""
+        record = row if row is not None else before.model_copy(update=wrote)
+        self._set_record(record)
+        return record
+
     def _enter(self, phase: Phase) -> None:
         self._state.phase = phase
         self._publish()
@@ -232,25 +243,23 @@ class CertificateBase:
         """Stop trying for the hostname: the row ``status`` with ``code`` and
         ``message`` (CANCELED ABANDONED, EXPIRED DEPARTED), a webhook named for it."""
         record = self._record
-        done = await run(
+        given_up = await run(
             POSTGRES,
             RecordActivities.give_up,
             GiveUpInput(certificate_id=record.certificate_id, status=status, code=code, message=message),
         )
-        if done:
-            self._set_record(
-                record.model_copy(
-                    update={
-                        "status": status,
-                        "error_code": code,
-                        "error_message": message,
-                        "order_url": None,
-                        "challenge_url": None,
-                    }
-                )
+        if given_up.applied:
+            self._set_written(
+                given_up.row,
+                record,
+                status=status,
+                error_code=code,
+                error_message=message,
+                order_url=None,
+                challenge_url=None,
             )
             await self._notify(str(code).lower())
-        return bool(done)
+        return given_up.applied
 
     async def _withdraw_dns01(self, record: CertificateRecord) -> None:
         """Delete the hostname's dns-01 TXT from our zone, best effort: the next

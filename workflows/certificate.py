@@ -115,25 +115,25 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                         else Phase.DEPARTED
                     )
                 continue
-            self._set_record(self._record.model_copy(
-                update={
-                    "status": CertificateStatus.ACTIVE,
-                    "error_code": None,
-                    "error_message": None,
-                    "retry_count": 0,
-                    "order_url": None,
-                    "challenge_url": None,
-                    "not_before": issued.not_before,
-                    "expires_at": issued.not_after,
-                    "serial": issued.serial_hex,
-                    # Asked by finalize_and_store; None when the CA had no answer (then
-                    # the sweep finds it and signals).
-                    "ari_window_start": issued.ari_window_start,
-                    "ari_window_end": issued.ari_window_end,
-                    "issuer": self._state.issuer,
-                    "issued_at": issued.issued_at,
-                }
-            ))
+            self._set_written(
+                issued.row,
+                self._record,
+                status=CertificateStatus.ACTIVE,
+                error_code=None,
+                error_message=None,
+                retry_count=0,
+                order_url=None,
+                challenge_url=None,
+                not_before=issued.not_before,
+                expires_at=issued.not_after,
+                serial=issued.serial_hex,
+                # Asked by finalize_and_store; None when the CA had no answer (then
+                # the sweep finds it and signals).
+                ari_window_start=issued.ari_window_start,
+                ari_window_end=issued.ari_window_end,
+                issuer=self._state.issuer,
+                issued_at=issued.issued_at,
+            )
             self._enter(Phase.ISSUED)
             await self._notify("renewed" if renewal else "issued", serial=issued.serial_hex)
             # Answer pending updates before this run hands over to the next.

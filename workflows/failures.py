@@ -70,24 +70,24 @@ class FailureHandling(CertificateBase):
             outcome = fallback_outcome(record.status, failure.code)
         elif outcome.status is CertificateStatus.FAILED:
             self._state.passed_over = {}  # spent everywhere: the next attempt starts a new round
-        applied = await run(
+        recorded = await run(
             POSTGRES,
             RecordActivities.record_failure,
             RecordFailureInput(
                 certificate_id=record.certificate_id, outcome=outcome, message=failure.message
             ),
         )
-        keep = outcome.keep_order
-        self._set_record(record.model_copy(
-            update={
-                "status": outcome.status,
-                "retry_count": outcome.retry_count,
-                "error_code": outcome.error_code,
-                "error_message": failure.message,
-                "order_url": record.order_url if keep else None,
-                "challenge_url": record.challenge_url if keep else None,
-            }
-        ))
+        applied, keep = recorded.applied, outcome.keep_order
+        self._set_written(
+            recorded.row,
+            record,
+            status=outcome.status,
+            retry_count=outcome.retry_count,
+            error_code=outcome.error_code,
+            error_message=failure.message,
+            order_url=record.order_url if keep else None,
+            challenge_url=record.challenge_url if keep else None,
+        )
         if applied and not keep and record.validation_method is ValidationMethod.DNS_01:
             await self._withdraw_dns01(record)  # the order is abandoned: its TXT goes too
         if applied and outcome.status is CertificateStatus.FAILED:

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         OpenedOrder,
         PersistChallengeInput,
         PlaceOrderInput,
+        PlacedOrder,
         RowRequest,
         ValidateOrderInput,
         WaitForOrderInput,
@@ -80,7 +81,7 @@ class Obtaining(CertificateBase):
             self_check = publish = False
             method = record.validation_method  # of the kept order (None: http-01)
             methods: list[ValidationMethod] = []
-            placed: OpenedOrder | None = None  # this attempt's order, as persisted
+            placed: PlacedOrder | None = None  # this attempt's order, as persisted
             method_reason: str | None = None
             self._state.caa_reading = None
             if order_url is None:
@@ -103,6 +104,7 @@ class Obtaining(CertificateBase):
                 self._choose_issuer(record, allowed, policy)
                 self._enter(Phase.CREATING_ORDER)
                 accept_first = self._patched(PLACE_ORDER_PATCH)
+                order: OpenedOrder
                 if accept_first:
                     order = placed = await run(
                         CA,
@@ -121,18 +123,17 @@ class Obtaining(CertificateBase):
                     order = await self._create_and_persist_order(record)
                 order_url, challenge_url, method = order.order_url, order.challenge_url, order.method
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-                record = record.model_copy(
-                    update={
-                        "order_url": order_url,
-                        "challenge_url": challenge_url,
-                        "status": record.status if renewal else CertificateStatus.PROVISIONING,
-                        "error_code": None,
-                        "error_message": None,
-                        "order_issuer": self._state.issuer,
-                        "validation_method": method,
-                    }
+                record = self._set_written(
+                    placed.row if placed is not None else None,
+                    record,
+                    order_url=order_url,
+                    challenge_url=challenge_url,
+                    status=record.status if renewal else CertificateStatus.PROVISIONING,
+                    error_code=None,
+                    error_message=None,
+                    order_issuer=self._state.issuer,
+                    validation_method=method,
                 )
-                self._set_record(record)
                 self._check_stop()
                 # Before the CA is asked: the HTTP-01 fetch as it will make it, or our
                 # dns-01 TXT on every server; a persist record is read by the CA itself.
@@ -288,7 +289,7 @@ class Obtaining(CertificateBase):
         accept_first: bool = False,
         accept_unsure: bool = False,
         self_check: bool = False,
-        placed: OpenedOrder | None = None,
+        placed: PlacedOrder | None = None,
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:

@@ -183,10 +183,12 @@ class Renewing(CertificateBase):
         self._state.renew_requested = False
         self._enter(Phase.RENEWING)
         renewing = await self._postgres(RecordActivities.begin_renewal, record.certificate_id)
-        self._set_record(record.model_copy(
-            update={"status": CertificateStatus.RENEWING if renewing else record.status}
-        ))
-        if not renewing:
+        self._set_written(
+            renewing.row,
+            record,
+            status=CertificateStatus.RENEWING if renewing.applied else record.status,
+        )
+        if not renewing.applied:
             refreshed = await self._postgres(
                 RecordActivities.ensure_certificate,
                 EnsureCertificateInput(hostname=record.hostname, tenant_id=record.tenant_id),
@@ -200,8 +202,9 @@ class Renewing(CertificateBase):
             and record.expires_at is not None
             and workflow.now() >= record.expires_at
         ):
-            if await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id):
-                self._set_record(record.model_copy(update={"status": CertificateStatus.EXPIRED}))
+            expired = await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id)
+            if expired.applied:
+                self._set_written(expired.row, record, status=CertificateStatus.EXPIRED)
                 if record.error_code in NOT_READY_CODES and self._patched(GIVE_UP_PATCH):
                     # It expired while the hostname no longer routed to us: departed.
                     self._state.departed_at = workflow.now()

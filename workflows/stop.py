@@ -31,10 +31,13 @@ class Stopping(CertificateBase):
         record = self._record
         self._enter(Phase.CANCELING)
         open_order = await run(POSTGRES, RecordActivities.cancel_certificate, record.certificate_id)
-        record = record.model_copy(
-            update={"status": CertificateStatus.CANCELED, "order_url": None, "challenge_url": None}
+        record = self._set_written(
+            open_order.row,
+            record,
+            status=CertificateStatus.CANCELED,
+            order_url=None,
+            challenge_url=None,
         )
-        self._set_record(record)
         if open_order.order_url and record.validation_method is ValidationMethod.DNS_01:
             await self._withdraw_dns01(record)
         if open_order.order_url:

@@ -72,6 +72,7 @@ class IssuerExchange:
         metrics: CertflowMetrics,
         pacing: OrderPacing,
         polls: PollPacer,
+        managed_base_domain: str | None = None,
     ) -> None:
         self._clients = clients
         self._pool = pool
@@ -82,6 +83,8 @@ class IssuerExchange:
         self._metrics = metrics
         self._pacing = pacing
         self._polls = polls
+        # For the rows its steps return: whether a row skips the DNS checks.
+        self._managed_base_domain = managed_base_domain
 
     @property
     def name(self) -> str:

@@ -33,7 +33,7 @@ from certflow.crypto import (
     split_fullchain,
 )
 from certflow.errors import AcmeProblemError, ErrorCode
-from certflow.models import AcmeStatus
+from certflow.models import AcmeStatus, CertificateRecord
 from certflow.store import issued
 
 FINALIZE_WAIT = 30.0
@@ -50,12 +50,14 @@ def _heartbeat_after_quiet_start(started: float) -> None:
         activity.heartbeat()
 
 
-def _stored(stored: tuple[str, RenewalAdvice]) -> IssuedCertificate:
-    leaf, window = stored
-    return _issued(certificate_info(leaf), window)
+def _stored(stored: tuple[str, RenewalAdvice, CertificateRecord]) -> IssuedCertificate:
+    leaf, window, row = stored
+    return _issued(certificate_info(leaf), window, row)
 
 
-def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
+def _issued(
+    info: CertificateInfo, window: RenewalAdvice, row: CertificateRecord
+) -> IssuedCertificate:
     return IssuedCertificate(
         serial_hex=info.serial_hex,
         not_before=info.not_before,
@@ -63,6 +65,7 @@ def _issued(info: CertificateInfo, window: RenewalAdvice) -> IssuedCertificate:
         ari_window_start=window.window_start,
         ari_window_end=window.window_end,
         issued_at=datetime.now(timezone.utc),
+        row=row,
     )
 
 
@@ -77,7 +80,9 @@ class OrderFinalization(IssuerExchange):
         # on a retry; a first try reads it only when the order says it may be needed.
         earlier = None
         if activity.info().attempt > 1:
-            earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
+            earlier = await issued.finalization(
+                self._pool, input.certificate_id, input.order_url, self._managed_base_domain
+            )
             if earlier.stored is not None:  # an earlier attempt committed
                 return _stored(earlier.stored)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
@@ -94,7 +99,7 @@ class OrderFinalization(IssuerExchange):
                     # A key is bound already (an earlier activity's, which stopped
                     # before finalize), or the row moved on: read which.
                     earlier = await issued.finalization(
-                        self._pool, input.certificate_id, input.order_url
+                        self._pool, input.certificate_id, input.order_url, self._managed_base_domain
                     )
                     if earlier.pending_key is None:
                         raise AcmeProblemError(
@@ -109,7 +114,9 @@ class OrderFinalization(IssuerExchange):
             await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
         elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
             if earlier is None:
-                earlier = await issued.finalization(self._pool, input.certificate_id, input.order_url)
+                earlier = await issued.finalization(
+                    self._pool, input.certificate_id, input.order_url, self._managed_base_domain
+                )
                 if earlier.stored is not None:  # an earlier activity stored it
                     return _stored(earlier.stored)
             encrypted = earlier.pending_key
@@ -137,7 +144,7 @@ class OrderFinalization(IssuerExchange):
             )
         info = certificate_info(leaf)
         window = await self._first_renewal_info(leaf, started)
-        if not await issued.store_issued(
+        row = await issued.store_issued(
             self._pool,
             input.certificate_id,
             input.order_url,
@@ -146,12 +153,14 @@ class OrderFinalization(IssuerExchange):
             info,
             window,
             next_check(window) if window.window_start is not None else None,
-        ):
+            self._managed_base_domain,
+        )
+        if row is None:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_INVALID_ORDER,
                 message="the certificate row moved on before the certificate could be stored",
             )
-        return _issued(info, window)
+        return _issued(info, window, row)
 
     async def _first_renewal_info(self, leaf_pem: str, started: float) -> RenewalAdvice:
         """The new certificate's ARI window, asked once before it is stored (best

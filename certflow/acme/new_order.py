@@ -22,7 +22,7 @@ from certflow.acme.client import classify_acme_failure
 from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
 from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
 from certflow.acme.slots import NoOrderSlotError, order_slot
-from certflow.activity_payloads import OpenedOrder, PlaceOrderInput
+from certflow.activity_payloads import OpenedOrder, PlaceOrderInput, PlacedOrder
 from certflow.errors import AcmeProblemError, ErrorCode, ProvisioningError
 from certflow.models import LimitScope, OrderKind, ValidationMethod
 from certflow.store import accounts, attempts, certificates, cooldowns
@@ -230,11 +230,13 @@ class NewOrders(IssuerExchange):
 
     # -- place_order -------------------------------------------------------
 
-    async def place(self, input: PlaceOrderInput) -> OpenedOrder:
+    async def place(self, input: PlaceOrderInput) -> PlacedOrder:
         # Only a retry can find an order of its own on the row (the workflow calls this
         # when the row had none), so a first try spends no read on it.
         if activity.info().attempt > 1:
-            stored = await certificates.stored_open_order(self._pool, input.certificate_id)
+            stored = await certificates.stored_open_order(
+                self._pool, input.certificate_id, self._managed_base_domain
+            )
             if stored is not None:
                 return stored
         try:
@@ -254,10 +256,17 @@ class NewOrders(IssuerExchange):
         if reason is not None and input.methods and order.method is not input.methods[0]:
             reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
         issuer = self.name if input.issuer is not None else None
-        if not await certificates.persist_challenge(
-            self._pool, input.certificate_id, order, reason, issuer, input.issuer_reason
-        ):
+        row = await certificates.persist_challenge(
+            self._pool,
+            input.certificate_id,
+            order,
+            reason,
+            issuer,
+            input.issuer_reason,
+            self._managed_base_domain,
+        )
+        if row is None:
             raise ProvisioningError(
                 code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
             )
-        return order
+        return PlacedOrder(**order.model_dump(), row=row)

@@ -37,13 +37,24 @@ class Issuers:
         executor: ThreadPoolExecutor,
         metrics: CertflowMetrics,
         pacing: OrderPacing = OrderPacing(),
+        managed_base_domain: str | None = None,
     ) -> None:
         listed = [issuers] if isinstance(issuers, AcmeClients) else list(issuers)
         if not listed:
             raise ValueError("at least one issuer is needed")
         polls = PollPacer(pacing.polls_per_second)  # one budget for every CA together
         self._orders = [
-            IssuerOrders(clients, pool, encryption_key, key_type, executor, metrics, pacing, polls)
+            IssuerOrders(
+                clients,
+                pool,
+                encryption_key,
+                key_type,
+                executor,
+                metrics,
+                pacing,
+                polls,
+                managed_base_domain,
+            )
             for clients in listed
         ]
 

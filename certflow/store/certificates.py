@@ -15,10 +15,13 @@ import asyncpg
 from certflow.errors import ErrorCode
 from certflow.hostnames import Hostname
 from certflow.models import CertificateStatus, CertificateRecord, RequestedMethod
-from certflow.activity_payloads import OpenedOrder, Outcome
+from certflow.activity_payloads import OpenedOrder, Outcome, PlacedOrder
 
 
-RECORD_COLUMNS = """
+def record_columns(domain: str) -> str:
+    """The columns of a CertificateRecord from row ``c``; ``domain`` is the
+    placeholder of the managed base domain (whether the row skips DNS checks)."""
+    return f"""
     c.id::text AS certificate_id, c.hostname::text AS hostname, c.tenant_id, c.status,
     c.provisioning_error AS error_code, c.provisioning_error_message AS error_message,
     c.ssl_retry_count AS retry_count, c.http_order_url AS order_url,
@@ -27,15 +30,20 @@ RECORD_COLUMNS = """
     c.ssl_issuer AS issuer, c.order_issuer, c.ssl_issued_at AS issued_at,
     c.requested_method, c.validation_method,
     CASE
-        WHEN $2::text IS NULL THEN false
-        WHEN c.hostname::text = $2 OR right(c.hostname::text, length($2) + 1) = '.' || $2
+        WHEN {domain}::text IS NULL THEN false
+        WHEN c.hostname::text = {domain}
+          OR right(c.hostname::text, length({domain}) + 1) = '.' || {domain}
             THEN coalesce((SELECT d.managed FROM custom_domains d WHERE d.domain = c.hostname), true)
         ELSE false
     END AS skips_dns
 """
 
+
+RECORD_COLUMNS = record_columns("$2")
+
 def record_of(row: asyncpg.Record) -> CertificateRecord:
-    return CertificateRecord(**dict(row))
+    """The record among a row's columns (a statement may return others beside it)."""
+    return CertificateRecord(**{name: row[name] for name in CertificateRecord.model_fields})
 
 async def ensure_certificate(
     pool: asyncpg.Pool,
@@ -99,17 +107,19 @@ async def persist_challenge(
     method_reason: str | None = None,
     issuer: str | None = None,
     issuer_reason: str | None = None,
-) -> bool:
+    managed_base_domain: str | None = None,
+) -> CertificateRecord | None:
     """Record the open order and move PENDING → PROVISIONING (a renewal, RENEWING or
     EXPIRED, keeps its status); with ``issuer``, the attempt's CA too, as
     ``attempts.choose_issuer`` records it (in the same statement).
 
     Committed before the challenge is accepted, so the responder can answer the
-    CA's first request. Returns False when the row vanished or moved on.
+    CA's first request. Returns the row as it left it; None when the row vanished
+    or moved on.
     """
-    result = await pool.fetchval(
-        """
-        UPDATE certificates SET
+    row = await pool.fetchrow(
+        f"""
+        UPDATE certificates AS c SET
             status = CASE WHEN status IN ('RENEWING', 'EXPIRED') THEN status
                           ELSE 'PROVISIONING' END,
             http_challenge_token = $2, http_challenge_key_auth = $3,
@@ -123,7 +133,7 @@ async def persist_challenge(
         WHERE id = $1::uuid
           AND (status IN ('PENDING', 'RENEWING', 'EXPIRED') AND http_order_url IS NULL
                OR http_order_url = $5)
-        RETURNING true
+        RETURNING {record_columns("$11")}
         """,
         certificate_id,
         order.token,
@@ -135,8 +145,9 @@ async def persist_challenge(
         method_reason,
         issuer,
         issuer_reason,
+        managed_base_domain,
     )
-    return bool(result)
+    return record_of(row) if row is not None else None
 
 async def attempt_request(pool: asyncpg.Pool, hostname: Hostname) -> tuple[RequestedMethod, str | None]:
     """What the row asks of an attempt now: its validation method (``auto`` when no
@@ -148,35 +159,45 @@ async def attempt_request(pool: asyncpg.Pool, hostname: Hostname) -> tuple[Reque
         return RequestedMethod.AUTO, None
     return RequestedMethod(row["requested_method"]), row["tenant_id"]
 
-async def stored_open_order(pool: asyncpg.Pool, certificate_id: str) -> OpenedOrder | None:
-    """The open order and challenge persisted on the row, if there is one."""
+async def stored_open_order(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
+) -> PlacedOrder | None:
+    """The open order and challenge persisted on the row, if there is one, with the
+    row (whether it skips DNS checks read against ``managed_base_domain``)."""
     row = await pool.fetchrow(
-        """
-        SELECT http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth,
-               http_order_replaces, validation_method
-        FROM certificates
-        WHERE id = $1::uuid AND http_order_url IS NOT NULL AND http_challenge_token IS NOT NULL
+        f"""
+        SELECT http_order_url, http_challenge_token, http_challenge_key_auth,
+               http_order_replaces, {RECORD_COLUMNS}
+        FROM certificates c
+        WHERE c.id = $1::uuid AND http_order_url IS NOT NULL AND http_challenge_token IS NOT NULL
         """,
         certificate_id,
+        managed_base_domain,
     )
     if row is None:
         return None
-    return OpenedOrder(
+    return PlacedOrder(
         order_url=row["http_order_url"],
-        challenge_url=row["http_challenge_url"],
+        challenge_url=row["challenge_url"],
         token=row["http_challenge_token"],
         key_authorization=row["http_challenge_key_auth"],
         replaces=row["http_order_replaces"],
         method=row["validation_method"],
+        row=record_of(row),
     )
 
 async def record_failure(
-    pool: asyncpg.Pool, certificate_id: str, outcome: Outcome, message: str
-) -> bool:
-    """Apply a failed attempt's outcome in one statement."""
-    result = await pool.fetchval(
-        """
-        UPDATE certificates SET
+    pool: asyncpg.Pool,
+    certificate_id: str,
+    outcome: Outcome,
+    message: str,
+    managed_base_domain: str | None = None,
+) -> CertificateRecord | None:
+    """Apply a failed attempt's outcome in one statement; the row as it left it, or
+    None when the row is gone or done (ACTIVE, CANCELED)."""
+    row = await pool.fetchrow(
+        f"""
+        UPDATE certificates AS c SET
             status = $2, ssl_retry_count = $3,
             provisioning_error = $4, provisioning_error_message = $5,
             ssl_last_attempt_at = now(), updated_at = now(),
@@ -187,7 +208,7 @@ async def record_failure(
             pending_private_key = CASE WHEN $6 THEN pending_private_key END,
             pending_key_order_url = CASE WHEN $6 THEN pending_key_order_url END
         WHERE id = $1::uuid AND status NOT IN ('ACTIVE', 'CANCELED')
-        RETURNING true
+        RETURNING {record_columns("$7")}
         """,
         certificate_id,
         str(outcome.status),
@@ -195,19 +216,25 @@ async def record_failure(
         str(outcome.error_code),
         message[:2000],
         outcome.keep_order,
+        managed_base_domain,
     )
-    return bool(result)
+    return record_of(row) if row is not None else None
 
 async def give_up(
-    pool: asyncpg.Pool, certificate_id: str, status: CertificateStatus, code: ErrorCode, message: str
-) -> tuple[bool, bool]:
+    pool: asyncpg.Pool,
+    certificate_id: str,
+    status: CertificateStatus,
+    code: ErrorCode,
+    message: str,
+    managed_base_domain: str | None = None,
+) -> tuple[CertificateRecord | None, bool]:
     """Stop trying for a hostname: a PENDING row CANCELED, or an EXPIRED row kept
     EXPIRED, with the code that says why (ABANDONED, DEPARTED) and any open order
-    dropped. Returns (done, first): done False when the row is gone or moved on;
-    first False when the row already had that code (an attempt retried after its
+    dropped. Returns (the row as it left it, first): no row when it is gone or moved
+    on; first False when the row already had that code (an attempt retried after its
     commit, whose answer was lost)."""
     row = await pool.fetchrow(
-        """
+        f"""
         UPDATE certificates AS c SET
             status = $2, provisioning_error = $3, provisioning_error_message = $4,
             http_order_url = NULL, http_challenge_url = NULL, http_challenge_token = NULL,
@@ -216,14 +243,15 @@ async def give_up(
         WHERE c.id = $1::uuid
           AND (($2 = 'CANCELED' AND c.status IN ('PENDING', 'PROVISIONING'))
                OR ($2 = 'EXPIRED' AND c.status = 'EXPIRED'))
-        RETURNING before.provisioning_error IS DISTINCT FROM $3 AS first
+        RETURNING {record_columns("$5")}, before.provisioning_error IS DISTINCT FROM $3 AS first
         """,
         certificate_id,
         str(status),
         str(code),
         message,
+        managed_base_domain,
     )
-    return (False, False) if row is None else (True, bool(row["first"]))
+    return (None, False) if row is None else (record_of(row), bool(row["first"]))
 
 async def load_record(
     pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None
@@ -252,44 +280,60 @@ async def reopen_failed(pool: asyncpg.Pool, certificate_id: str) -> bool:
     )
     return bool(result)
 
-async def begin_renewal(pool: asyncpg.Pool, certificate_id: str) -> bool:
-    """ACTIVE → RENEWING; the current certificate stays in place and keeps being served."""
-    result = await pool.fetchval(
-        "UPDATE certificates SET status = 'RENEWING', updated_at = now()"
-        " WHERE id = $1::uuid AND status = 'ACTIVE' RETURNING true",
+async def begin_renewal(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
+) -> CertificateRecord | None:
+    """ACTIVE → RENEWING; the current certificate stays in place and keeps being
+    served. The row as it left it; None when it was not ACTIVE."""
+    row = await pool.fetchrow(
+        "UPDATE certificates AS c SET status = 'RENEWING', updated_at = now()"
+        f" WHERE id = $1::uuid AND status = 'ACTIVE' RETURNING {RECORD_COLUMNS}",
         certificate_id,
+        managed_base_domain,
     )
-    return bool(result)
+    return record_of(row) if row is not None else None
 
-async def mark_expired(pool: asyncpg.Pool, certificate_id: str) -> bool:
-    """RENEWING → EXPIRED once the current certificate's not_after has passed."""
-    result = await pool.fetchval(
-        "UPDATE certificates SET status = 'EXPIRED', updated_at = now()"
+async def mark_expired(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
+) -> CertificateRecord | None:
+    """RENEWING → EXPIRED once the current certificate's not_after has passed. The
+    row as it left it; None when it was not RENEWING or has not expired."""
+    row = await pool.fetchrow(
+        "UPDATE certificates AS c SET status = 'EXPIRED', updated_at = now()"
         " WHERE id = $1::uuid AND status = 'RENEWING' AND ssl_expires_at <= now()"
-        " RETURNING true",
+        f" RETURNING {RECORD_COLUMNS}",
         certificate_id,
+        managed_base_domain,
     )
-    return bool(result)
+    return record_of(row) if row is not None else None
 
-async def cancel(pool: asyncpg.Pool, certificate_id: str) -> str | None:
-    """Any status → CANCELED, clearing the open order; returns that order's URL."""
+async def cancel(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
+) -> tuple[str | None, CertificateRecord | None]:
+    """Any status → CANCELED, clearing the open order: (that order's URL, the row as
+    the cancel left it; None when the row is gone)."""
     async with pool.acquire() as conn, conn.transaction():
         order_url = await conn.fetchval(
             "SELECT http_order_url FROM certificates WHERE id = $1::uuid FOR UPDATE",
             certificate_id,
         )
-        await conn.execute(
-            """
-            UPDATE certificates SET status = 'CANCELED',
+        row = await conn.fetchrow(
+            f"""
+            UPDATE certificates AS c SET status = 'CANCELED',
                 http_challenge_token = NULL, http_challenge_key_auth = NULL,
                 http_challenge_url = NULL, http_order_url = NULL,
                 pending_private_key = NULL, pending_key_order_url = NULL,
                 updated_at = now()
             WHERE id = $1::uuid
+            RETURNING {RECORD_COLUMNS}
             """,
             certificate_id,
+            managed_base_domain,
         )
-    return str(order_url) if order_url is not None else None
+    return (
+        str(order_url) if order_url is not None else None,
+        record_of(row) if row is not None else None,
+    )
 
 async def delete(pool: asyncpg.Pool, certificate_id: str) -> bool:
     """Remove the certificate row and its custom_domains rows."""

@@ -10,6 +10,8 @@ import asyncpg
 
 from certflow.crypto import CertificateInfo
 from certflow.activity_payloads import RenewalAdvice
+from certflow.models import CertificateRecord
+from certflow.store.certificates import RECORD_COLUMNS, record_columns, record_of
 
 
 async def store_pending_key(
@@ -39,19 +41,21 @@ async def store_issued(
     info: CertificateInfo,
     window: RenewalAdvice | None = None,
     next_check_at: datetime | None = None,
-) -> bool:
+    managed_base_domain: str | None = None,
+) -> CertificateRecord | None:
     """Make the order's certificate current: ACTIVE, budget reset, ACME state cleared.
 
     The key is the one already stored for the order; ``window`` is the CA's first
     ARI answer for the new certificate and ``next_check_at`` when to ask again
-    (without them the renewal-info sweep asks at its next pass). Returns True also
-    when a previous attempt of the same store already committed.
+    (without them the renewal-info sweep asks at its next pass). Returns the row as
+    it left it, also when a previous attempt of the same store already committed;
+    None when the row moved on.
     """
     window = window or RenewalAdvice()
     async with pool.acquire() as conn:
-        stored = await conn.fetchval(
-            """
-            UPDATE certificates SET
+        stored = await conn.fetchrow(
+            f"""
+            UPDATE certificates AS c SET
                 status = 'ACTIVE', ssl_certificate = $3, ssl_certificate_chain = $4,
                 encrypted_ssl_private_key = pending_private_key, ssl_replaces = http_order_replaces,
                 replaces_failing_since = NULL, ssl_issued_at = now(),
@@ -67,7 +71,7 @@ async def store_issued(
                 updated_at = now()
             WHERE id = $1::uuid AND http_order_url = $2 AND pending_key_order_url = $2
               AND status IN ('PROVISIONING', 'RENEWING', 'PENDING', 'EXPIRED')
-            RETURNING true
+            RETURNING {record_columns("$11")}
             """,
             certificate_id,
             order_url,
@@ -79,43 +83,49 @@ async def store_issued(
             window.window_start,
             window.window_end,
             next_check_at,
+            managed_base_domain,
         )
-        if stored:
-            return True
-        already = await conn.fetchval(
-            "SELECT ssl_serial = $2 AND status = 'ACTIVE' FROM certificates WHERE id = $1::uuid",
-            certificate_id,
-            info.serial_hex,
-        )
-        return bool(already)
+        if stored is None:
+            stored = await conn.fetchrow(
+                f"SELECT {RECORD_COLUMNS} FROM certificates c"
+                " WHERE c.id = $1::uuid AND c.ssl_serial = $3 AND c.status = 'ACTIVE'",
+                certificate_id,
+                managed_base_domain,
+                info.serial_hex,
+            )
+        return record_of(stored) if stored is not None else None
 
 @dataclass(frozen=True)
 class Finalization:
     """Where finalize_and_store stands for one order, read at once."""
 
-    stored: tuple[str, RenewalAdvice] | None
-    """The current leaf PEM and its stored ARI window when this order already
-    issued and stored it (a retried store)."""
+    stored: tuple[str, RenewalAdvice, CertificateRecord] | None
+    """The current leaf PEM, its stored ARI window and the row when this order
+    already issued and stored it (a retried store)."""
     pending_key: bytes | None
     """The encrypted key bound to this order, if any."""
 
 
-async def finalization(pool: asyncpg.Pool, certificate_id: str, order_url: str) -> Finalization:
+async def finalization(
+    pool: asyncpg.Pool, certificate_id: str, order_url: str, managed_base_domain: str | None = None
+) -> Finalization:
     """What an earlier try of finalize_and_store for this order left: the stored
     certificate, the key bound to the order (one read)."""
     row = await pool.fetchrow(
         "SELECT CASE WHEN ssl_order_url = $2 AND http_order_url IS NULL THEN ssl_certificate END"
-        " AS stored_leaf, ari_window_start, ari_window_end,"
-        " CASE WHEN pending_key_order_url = $2 THEN pending_private_key END AS pending_key"
-        " FROM certificates WHERE id = $1::uuid",
+        " AS stored_leaf,"
+        " CASE WHEN pending_key_order_url = $2 THEN pending_private_key END AS pending_key,"
+        f" {record_columns('$3')}"
+        " FROM certificates c WHERE c.id = $1::uuid",
         certificate_id,
         order_url,
+        managed_base_domain,
     )
     if row is None:
         return Finalization(None, None)
     stored = None
     if row["stored_leaf"] is not None:
         window = RenewalAdvice(window_start=row["ari_window_start"], window_end=row["ari_window_end"])
-        stored = (str(row["stored_leaf"]), window)
+        stored = (str(row["stored_leaf"]), window, record_of(row))
     key = row["pending_key"]
     return Finalization(stored, bytes(key) if key is not None else None)

@@ -135,7 +135,8 @@ async def _ready_order(
 
 def acme_persist(db: asyncpg.Pool):  # type: ignore[no-untyped-def]
     async def persist(input: PersistChallengeInput) -> bool:
-        return await certificates.persist_challenge(db, input.certificate_id, input.order)
+        row = await certificates.persist_challenge(db, input.certificate_id, input.order)
+        return row is not None
 
     return persist
 

@@ -68,8 +68,10 @@ from certflow.activity_payloads import (
     Outcome,
     PersistChallengeInput,
     PlaceOrderInput,
+    PlacedOrder,
     RecordFailureInput,
     RenewalAdvice,
+    Transition,
     ValidateOrderInput,
     WaitForOrderInput,
 )
@@ -216,8 +218,8 @@ class Row:
         )
 
     def clear_order(self) -> None:
+        # As the SQL: validation_method stays, the method of the last attempt.
         self.order_url = self.challenge_url = None
-        self.validation_method = None
 
 
 def renewal_at(
@@ -360,20 +362,20 @@ class Fakes:
                 row.dns01_txt = f"txt-of-{row.order_url}"
 
         @activity.defn(name="give_up")
-        async def give_up(input: GiveUpInput) -> bool:
+        async def give_up(input: GiveUpInput) -> Transition:
             result, _ = await self._enter("give_up", input)
             if result is not DEFAULT:
-                return bool(result)
+                return Transition.model_validate(result)
             allowed = (
                 (CertificateStatus.PENDING, CertificateStatus.PROVISIONING)
                 if input.status is CertificateStatus.CANCELED
                 else (CertificateStatus.EXPIRED,)
             )
             if row.deleted or row.status not in allowed:
-                return False
+                return Transition(applied=False)
             row.status, row.error_code, row.error_message = input.status, input.code, input.message
             row.clear_order()
-            return True
+            return Transition(applied=True, row=row.record())
 
         @activity.defn(name="transfer_certificate")
         async def transfer_certificate(input: TransferInput) -> Transferred:
@@ -392,6 +394,10 @@ class Fakes:
 
         @activity.defn(name="place_order")
         async def place_order(input: PlaceOrderInput) -> OpenedOrder:
+            # The row as the real one's persist returns it, with the order it placed.
+            def placed(opened: OpenedOrder) -> PlacedOrder:
+                return PlacedOrder(**opened.model_dump(), row=row.record())
+
             if input.issuer is not None and row.order_url is None:
                 row.order_issuer = input.issuer  # recorded before anything is sent
             result, _ = await self._enter("place_order", input)
@@ -401,10 +407,10 @@ class Fakes:
             # try's); a first try's order is refused by persist_challenge's guard
             # when the row holds another.
             if activity.info().attempt > 1 and row.order_url is not None and not row.deleted:
-                return order(int(row.order_url.rsplit("/", 1)[1]))
+                return placed(order(int(row.order_url.rsplit("/", 1)[1])))
             self.orders_created += 1
             method = input.methods[0] if input.methods else None
-            placed = order(self.orders_created).model_copy(update={"method": method})
+            opened = order(self.orders_created).model_copy(update={"method": method})
             fresh = row.status in (
                 CertificateStatus.PENDING,
                 CertificateStatus.RENEWING,
@@ -414,11 +420,11 @@ class Fakes:
                 raise app_error(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on")
             if row.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
                 row.status = CertificateStatus.PROVISIONING
-            row.order_url = placed.order_url
-            row.challenge_url = placed.challenge_url
+            row.order_url = opened.order_url
+            row.challenge_url = opened.challenge_url
             row.validation_method = method
             row.error_code = row.error_message = None
-            return placed
+            return placed(opened)
 
         @activity.defn(name="create_order")
         async def create_order(input: CreateOrderInput) -> OpenedOrder:
@@ -504,23 +510,23 @@ class Fakes:
             row.ari_window = window  # without one, the sweep's to find
             row.issuer = row.order_issuer
             row.clear_order()
-            return issued
+            return issued.model_copy(update={"row": row.record()})
 
         @activity.defn(name="record_failure")
-        async def record_failure(input: RecordFailureInput) -> bool:
+        async def record_failure(input: RecordFailureInput) -> Transition:
             result, _ = await self._enter("record_failure", input)
             if result is not DEFAULT:
-                return bool(result)
+                return Transition.model_validate(result)
             if row.deleted or row.status in (CertificateStatus.ACTIVE, CertificateStatus.CANCELED):
-                return False
+                return Transition(applied=False)
             outcome = input.outcome
             row.status = outcome.status
             row.retry_count = outcome.retry_count
             row.error_code = outcome.error_code
-            row.error_message = input.message
+            row.error_message = input.message[:2000]  # as the column keeps it
             if not outcome.keep_order:
                 row.clear_order()
-            return True
+            return Transition(applied=True, row=row.record())
 
         @activity.defn(name="reopen_failed")
         async def reopen_failed(certificate_id: str) -> CertificateRecord:
@@ -549,29 +555,29 @@ class Fakes:
             return row.record()
 
         @activity.defn(name="begin_renewal")
-        async def begin_renewal(certificate_id: str) -> bool:
+        async def begin_renewal(certificate_id: str) -> Transition:
             result, _ = await self._enter("begin_renewal", certificate_id)
             if result is not DEFAULT:
-                return bool(result)
+                return Transition.model_validate(result)
             if row.deleted or row.status is not CertificateStatus.ACTIVE:
-                return False
+                return Transition(applied=False)
             row.status = CertificateStatus.RENEWING
-            return True
+            return Transition(applied=True, row=row.record())
 
         @activity.defn(name="mark_expired")
-        async def mark_expired(certificate_id: str) -> bool:
+        async def mark_expired(certificate_id: str) -> Transition:
             result, now = await self._enter("mark_expired", certificate_id)
             if result is not DEFAULT:
-                return bool(result)
+                return Transition.model_validate(result)
             if (
                 row.deleted
                 or row.status is not CertificateStatus.RENEWING
                 or row.expires_at is None
                 or row.expires_at > now
             ):
-                return False
+                return Transition(applied=False)
             row.status = CertificateStatus.EXPIRED
-            return True
+            return Transition(applied=True, row=row.record())
 
         @activity.defn(name="renewal_info")
         async def renewal_info(certificate_id: str) -> RenewalAdvice:
@@ -594,10 +600,10 @@ class Fakes:
                 return result  # type: ignore[no-any-return]
             if row.deleted:  # the SQL finds no row: no order to report, nothing updated
                 return OpenOrder()
-            open_order = OpenOrder(order_url=row.order_url)
+            order_url = row.order_url
             row.status = CertificateStatus.CANCELED
             row.clear_order()
-            return open_order
+            return OpenOrder(order_url=order_url, row=row.record())
 
         @activity.defn(name="deactivate_authorizations")
         async def deactivate_authorizations(order_url: str) -> None:

@@ -316,6 +316,29 @@ async def test_temporary_error_with_open_order_keeps_it(workflow_env: WorkflowEn
         await run.cancel()
 
 
+async def test_the_record_after_a_failure_is_the_row_as_stored(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The workflow takes the row record_failure returned (RETURNING) as its record,
+    not a rebuild of its own: a CA's detail longer than the 2,000 characters the
+    row keeps is shown as stored. Shown red with ``_set_written`` ignoring the row
+    (the record rebuilt, as runs from before rows were returned do): the status
+    showed all 3,000 characters."""
+    detail = "the CA answered 503: " + "x" * 3000
+
+    def long_503() -> ApplicationError:
+        return app_error(ErrorCode.ACME_TEMPORARY, detail)
+
+    fakes = Fakes(workflow_env, behaviours={"finalize_and_store": fail_first(1, long_503)})
+    async with started(workflow_env, fakes) as run:
+        waiting = await run.until(
+            lambda s: s.phase == "waiting before the next attempt", "the failure backoff"
+        )
+        assert waiting.error_message is not None and len(waiting.error_message) == 2000
+        assert waiting.error_message == fakes.row.error_message
+        await run.cancel()
+
+
 async def test_temporary_error_without_open_order_orders_again(
     workflow_env: WorkflowEnvironment,
 ) -> None:

@@ -6,8 +6,9 @@ The workflow tests run the Certificate workflow against the in-memory fakes of
 workflow test pass against behaviour production never shows, so here every
 (start state, transition) pair runs twice from the same starting row: through
 the real activities of ``activities/records.py`` against Postgres, and through
-the fake of the same activity name. The answer (bool, record, open order or the
-error raised) and the row afterwards must be the same.
+the fake of the same activity name. The answer (whether it applied, the row it
+returned, the open order, or the error raised) and the row afterwards must be the
+same: the workflow takes a transition's returned row as its record.
 
 Compared: what both sides model. The fakes have no key material, no PEMs and
 none of the bookkeeping columns (``workflow_seen_at``, ``ssl_last_attempt_at``,
@@ -27,7 +28,12 @@ Shown red: with the fake ``begin_renewal`` made to accept a RENEWING row
 ``begin_renewal-RENEWING-*`` failed (the fake answered True, the SQL False);
 reverted, all green. Its first run also found a real difference: the fake
 ``cancel_certificate`` of a deleted row reported the order the row had held,
-where the SQL finds no row and reports none (fixed in the fake).
+where the SQL finds no row and reports none (fixed in the fake). Since the
+transitions return their row, the rows are compared too, and that found two
+more: the fake cleared ``validation_method`` with the order (23 cases failed:
+cancel and record_failure on rows with an order) and kept a failure's message
+whole where the column keeps 2,000 characters (the 16 ``record_failure(long
+message)`` cases failed); both fixed in the fake.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ from temporalio.testing import WorkflowEnvironment
 from activities.records import RecordActivities
 from certflow.store.db import create_pool, migrate
 from certflow.errors import ErrorCode
-from certflow.models import CertificateRecord, CertificateStatus
+from certflow.models import CertificateRecord, CertificateStatus, ValidationMethod
+from certflow import activity_payloads
 from certflow.activity_payloads import (
     GiveUpInput,
     EnsureCertificateInput,
@@ -176,6 +183,13 @@ TRANSITIONS: list[Transition] = [
         ),
     ),
     Transition(
+        "record_failure(long message)",
+        "record_failure",
+        lambda c: RecordFailureInput(
+            certificate_id=c.certificate_id, outcome=_outcome(True), message="x" * 3000
+        ),
+    ),
+    Transition(
         "record_failure(clears order)",
         "record_failure",
         lambda c: RecordFailureInput(
@@ -287,8 +301,8 @@ async def _insert(pool: asyncpg.Pool, start: Start, case: Case, now: datetime) -
         INSERT INTO certificates (
             hostname, status, ssl_retry_count, provisioning_error, provisioning_error_message,
             http_order_url, http_challenge_url, http_challenge_token, http_challenge_key_auth,
-            ssl_certificate, ssl_serial, ssl_not_before, ssl_expires_at)
-        VALUES ($1, $2, 2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+            ssl_certificate, ssl_serial, ssl_not_before, ssl_expires_at, validation_method)
+        VALUES ($1, $2, 2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
         RETURNING id::text
         """,
         case.hostname,
@@ -303,6 +317,7 @@ async def _insert(pool: asyncpg.Pool, start: Start, case: Case, now: datetime) -
         "0abc" if start.certificate else None,
         expires - timedelta(days=90) if expires else None,
         expires,
+        str(ValidationMethod.HTTP_01) if order else None,
     )
     if start.deleted:
         await pool.execute("DELETE FROM certificates WHERE id = $1::uuid", certificate_id)
@@ -324,6 +339,7 @@ def _fake_row(start: Start, case: Case, now: datetime) -> Row:
         not_before=expires - timedelta(days=90) if expires else None,
         expires_at=expires,
         serial="0abc" if start.certificate else None,
+        validation_method=ValidationMethod.HTTP_01 if order else None,
         deleted=start.deleted,
     )
 
@@ -348,6 +364,7 @@ def _view(record: CertificateRecord) -> tuple[Any, ...]:
         record.serial,
         record.expires_at,
         record.hostname,
+        record.validation_method,
     )
 
 
@@ -359,12 +376,14 @@ async def _answer(call: Awaitable[Any]) -> tuple[Any, ...]:
         return ("raised", err.type, err.non_retryable)
     if isinstance(result, bool):
         return ("returned", result)
+    if isinstance(result, activity_payloads.Transition):
+        return ("transition", result.applied, result.row and _view(result.row))
     if isinstance(result, CertificateRecord):
         return _view(result)
     if isinstance(result, EnsureCertificateResult):
         return _view(result.record)
     if isinstance(result, OpenOrder):
-        return ("open order", result.order_url)
+        return ("open order", result.order_url, result.row and _view(result.row))
     raise AssertionError(f"unexpected answer {result!r}")
 
 
@@ -387,8 +406,6 @@ async def _sql_row(pool: asyncpg.Pool, hostname: str) -> RowView:
 
 
 def _fake_row_view(row: Row) -> RowView:
-    # The SQL keeps at most 2000 characters of a failure's message, the fake all of it:
-    # the messages here are short.
     if row.deleted:
         return None
     return (
