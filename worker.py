@@ -22,7 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
-from certflow.acme.router import Issuers
+from certflow.acme.router import IssuerRouter
 from certflow.acme.pacing import OrderPacing
 from certflow.acme.client import (
     REGISTER_ATTEMPTS,
@@ -136,7 +136,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         metrics,
     )
     acme = AcmeActivities(
-        Issuers(
+        IssuerRouter(
             issuer_clients,
             pool,
             encryption_key,

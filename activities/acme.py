@@ -11,7 +11,7 @@ from typing import TypeVar
 import asyncpg
 from temporalio import activity
 
-from certflow.acme.router import Issuers
+from certflow.acme.router import IssuerRouter
 from certflow.errors import AcmeProblemError, ProvisioningError, ErrorCode, to_application_error
 from certflow.hostnames import Hostname
 from certflow.metrics import CertflowMetrics
@@ -39,7 +39,7 @@ class AcmeActivities:
     first configured one for inputs and rows from before issuers); the names each
     is registered under are pinned (histories hold them)."""
 
-    def __init__(self, issuers: Issuers, pool: asyncpg.Pool, metrics: CertflowMetrics) -> None:
+    def __init__(self, issuers: IssuerRouter, pool: asyncpg.Pool, metrics: CertflowMetrics) -> None:
         self._issuers = issuers
         self._pool = pool
         self._metrics = metrics

@@ -1,7 +1,7 @@
 """One CA's orders, from new-order to the stored certificate (``IssuerOrders``):
 its steps, each a file (``new_order``, ``validation``, ``finalize``, on what
 ``exchange`` shares), with the renewal info, deactivation and revocation of what
-they made. ``router.Issuers`` picks the CA of each activity's call.
+they made. ``router.IssuerRouter`` picks the CA of each activity's call.
 
 The blocking ``acme`` calls run on a thread; the waiting, heartbeats and
 Postgres writes stay on the event loop. The Temporal activities that call these

@@ -1,4 +1,4 @@
-"""The configured CAs, each with its orders (``Issuers``): which one an activity's
+"""The configured CAs, each with its orders (``IssuerRouter``): which one an activity's
 call goes to. The CAs themselves are configured in certflow/issuers.py; one
 CA's orders are ``orders.IssuerOrders``.
 """
@@ -23,7 +23,7 @@ from certflow.worker_settings import KeyType
 T = TypeVar("T")
 
 
-class Issuers:
+class IssuerRouter:
     """The configured CAs, in order of preference, each with its orders; finds the
     one an activity's input or row names (None: the first configured, for inputs
     and rows from before issuers)."""

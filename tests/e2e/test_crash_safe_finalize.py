@@ -35,7 +35,7 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.router import Issuers
+from certflow.acme.router import IssuerRouter
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
 from certflow.store import issued as issued_rows
@@ -106,7 +106,7 @@ async def acme(deployment: Deployment, db: asyncpg.Pool) -> AcmeActivities:
     issuer = deployment.pebble.issuer()
     account = await ensure_account(db, issuer, None, deployment.encryption_key)
     metrics = CertflowMetrics()
-    issuers = Issuers(
+    issuers = IssuerRouter(
         AcmeClients(account, issuer), db, deployment.encryption_key, KeyType.EC256,
         ThreadPoolExecutor(max_workers=4), metrics,
     )

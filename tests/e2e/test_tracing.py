@@ -23,7 +23,7 @@ from temporalio.testing import ActivityEnvironment
 
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
-from certflow.acme.router import Issuers
+from certflow.acme.router import IssuerRouter
 from certflow.metrics import CertflowMetrics
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
@@ -95,7 +95,7 @@ async def test_step_spans_carry_hostname_certificate_and_error_data(
     issuer = deployment.pebble.issuer()
     account = await ensure_account(db, issuer, None, deployment.encryption_key)
     metrics = CertflowMetrics()
-    issuers = Issuers(
+    issuers = IssuerRouter(
         AcmeClients(account, issuer), db, deployment.encryption_key, KeyType.EC256,
         ThreadPoolExecutor(max_workers=2), metrics,
     )
