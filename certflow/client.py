@@ -159,8 +159,9 @@ class CertflowClient:
         await asyncio.gather(*(start(h) for h in unique))
         return unique
 
-    def handle(self, hostname: Hostname) -> WorkflowHandle[Any, Any]:
-        return self.temporal.get_workflow_handle(workflow_id_for(hostname))
+    def handle(self, hostname: str) -> WorkflowHandle[Any, Any]:
+        """The hostname's Certificate workflow (its name validated: InvalidHostnameError)."""
+        return self.temporal.get_workflow_handle(workflow_id_for(as_hostname(hostname)))
 
     async def status(self, hostname: str, *, methods: bool = False) -> CertificateState | None:
         """The row, with the running workflow's phase and next attempt; None when

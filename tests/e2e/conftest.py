@@ -32,6 +32,7 @@ from certflow.activity_payloads import OpenedOrder
 from certflow.contract import reconcile_schedule_id
 from certflow.settings import ClientSettings
 from certflow.client import CertflowClient
+from certflow.hostnames import Hostname, as_hostname
 
 CNAME_TARGET = "edge.saas.test"
 
@@ -47,15 +48,15 @@ class Deployment:
     key_capture: Path
     """Every private key the worker generated (servers.captured_keys reads it)."""
 
-    def hostname(self, label: str = "shop") -> str:
+    def hostname(self, label: str = "shop") -> Hostname:
         """A unique hostname whose CNAME already points at the edge."""
         host = self.bare_hostname(label)
         self.pebble.set_cname(host, CNAME_TARGET)
         return host
 
-    def bare_hostname(self, label: str = "shop") -> str:
+    def bare_hostname(self, label: str = "shop") -> Hostname:
         """A unique hostname with no DNS set up."""
-        return f"{label}.c{uuid.uuid4().hex[:10]}.test"
+        return as_hostname(f"{label}.c{uuid.uuid4().hex[:10]}.test")
 
 
 WEBHOOK_SECRET = "e2e-webhook-secret"
@@ -251,7 +252,7 @@ async def reconcile_schedule_paused(client: CertflowClient, note: str) -> AsyncI
         await handle.unpause()
 
 
-async def plant_challenge(db: asyncpg.Pool, hostname: str) -> tuple[str, OpenedOrder]:
+async def plant_challenge(db: asyncpg.Pool, hostname: Hostname) -> tuple[str, OpenedOrder]:
     """A row for hostname with an open HTTP-01 challenge, as place_order leaves it, with
     no CA involved: (certificate id, the order). Remove it with certificates.delete."""
     token = secrets.token_urlsafe(32)

@@ -33,6 +33,7 @@ from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, OrderKind
 from certflow.activity_payloads import OpenedOrder, Outcome
 from certflow.edge.serving import SniCertificates
+from certflow.hostnames import as_hostname
 
 pytestmark = pytest.mark.e2e
 
@@ -149,8 +150,8 @@ async def explained(big_database: str) -> AsyncIterator[ExplainingPool]:
 
 async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None:
     db: Any = explained  # duck-typed as an asyncpg.Pool
-    hostname = "h4242.t254.test"
-    pending = "h4240.t252.test"
+    hostname = as_hostname("h4242.t254.test")
+    pending = as_hostname("h4240.t252.test")
     cert_id = await db.fetchval("SELECT id::text FROM certificates WHERE hostname = $1", hostname)
     pending_id = await db.fetchval("SELECT id::text FROM certificates WHERE hostname = $1", pending)
     order = OpenedOrder(

@@ -179,7 +179,7 @@ def _p95(values: Sequence[float]) -> float:
 async def _wait_active(client: CertflowClient, hosts: Sequence[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        rows = {r.hostname: r for r in await client.list_certificates()}
+        rows: dict[str, CertificateState] = {r.hostname: r for r in await client.list_certificates()}
         missing = [h for h in hosts if h not in rows or rows[h].status != "ACTIVE"]
         if not missing:
             return
@@ -271,8 +271,8 @@ def _timeline(decisions: Sequence[LimitDecision], origin: float) -> str:
 
 @dataclass
 class _Snapshot:
-    active: list[str]
-    waiting: list[str]
+    active: Sequence[str]
+    waiting: Sequence[str]
     cooldowns: list[Cooldown]
     """Every cooldown seen in force from the first refusal until the snapshot (one
     can end before a loaded machine has settled all twelve)."""

@@ -15,10 +15,11 @@ from certflow.store.db import create_pool, migrate
 from devstack.servers import free_port
 from certflow.activity_payloads import OpenedOrder
 from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
+from certflow.hostnames import as_hostname
 
 TOKEN = "tok_" + "A" * 39
 KEY_AUTH = TOKEN + ".thumbprint"
-HOST = "shop.responder.test"
+HOST = as_hostname("shop.responder.test")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ async def test_everything_else_is_404_or_405(
 
 
 async def test_closed_challenge_is_no_longer_served(pool: asyncpg.Pool) -> None:
-    host = f"closed-{uuid.uuid4().hex[:6]}.responder.test"
+    host = as_hostname(f"closed-{uuid.uuid4().hex[:6]}.responder.test")
     token = "closed_" + uuid.uuid4().hex
     record = await certificates.ensure_certificate(pool, host, None, None)
     order = OpenedOrder(

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -332,7 +333,9 @@ async def planted(deployment: Deployment, db: asyncpg.Pool, client: CertflowClie
                 await certificates.delete(db, certificate_id)
 
 
-async def _wait_active(client: CertflowClient, hostnames: list[str], timeout: float) -> dict[str, float]:
+async def _wait_active(
+    client: CertflowClient, hostnames: Sequence[str], timeout: float
+) -> dict[str, float]:
     started = time.monotonic()
     done: dict[str, float] = {}
     while len(done) < len(hostnames):

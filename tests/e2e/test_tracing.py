@@ -24,6 +24,7 @@ from temporalio.testing import ActivityEnvironment
 from certflow.acme.client import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
 from certflow.acme.router import IssuerRouter
+from certflow.hostnames import Hostname
 from certflow.metrics import CertflowMetrics
 from activities.dns import DnsActivities
 from certflow.dns.checks import DnsChecker
@@ -112,7 +113,11 @@ async def test_step_spans_carry_hostname_certificate_and_error_data(
 
 
 async def _issue_in_process(
-    env: ActivityEnvironment, acme: AcmeActivities, db: asyncpg.Pool, certificate_id: str, hostname: str
+    env: ActivityEnvironment,
+    acme: AcmeActivities,
+    db: asyncpg.Pool,
+    certificate_id: str,
+    hostname: Hostname,
 ) -> None:
     order = await env.run(acme.create_order, CreateOrderInput(hostname=hostname))
     await certificates.persist_challenge(db, certificate_id, order)

@@ -23,8 +23,9 @@ from certflow.errors import ActionRejectedError
 from certflow.store import requests
 from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState, TransferRequest
+from certflow.hostnames import as_hostname
 
-HOST = "shop.example.com"
+HOST = as_hostname("shop.example.com")
 
 
 def _state(status: CertificateStatus, phase: Phase | None = None) -> CertificateState:

@@ -77,10 +77,11 @@ from certflow.activity_payloads import (
 )
 from certflow.workflow_payloads import CertificateInput, CertificateState, ProvisioningPolicy
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
+from certflow.hostnames import Hostname, as_hostname
 from workflows.certificate import CertificateWorkflow
 from tests import expected
 
-HOSTNAME = "x.test"
+HOSTNAME = as_hostname("x.test")
 CERT_ID = "11111111-2222-3333-4444-555555555555"
 
 # Fast defaults: a test that measures a wait sets the knob it measures.
@@ -170,7 +171,7 @@ class Row:
     """The certificate row (the fakes' Postgres)."""
 
     certificate_id: str = CERT_ID
-    hostname: str = HOSTNAME
+    hostname: Hostname = HOSTNAME
     tenant_id: str | None = None
     status: CertificateStatus = CertificateStatus.PENDING
     error_code: ErrorCode | None = None

@@ -66,6 +66,7 @@ from certflow.activity_payloads import (
     PersistChallengeInput,
     RecordFailureInput,
 )
+from certflow.hostnames import Hostname, as_hostname
 
 from .fakes import FAST_POLICY, Fakes, Row
 
@@ -137,7 +138,7 @@ class Case:
     """One start row, as both sides hold it."""
 
     certificate_id: str
-    hostname: str
+    hostname: Hostname
     stored: OpenedOrder
     """The order the row holds when ``Start.order`` (the fake's deleted row too)."""
     new: OpenedOrder
@@ -435,7 +436,7 @@ async def test_fake_answers_as_the_sql(
     """Same start row, same call: same answer, same row afterwards."""
     now = datetime.now(UTC)
     tag = uuid.uuid4().hex[:10]
-    hostname = f"c{tag}.test"
+    hostname = as_hostname(f"c{tag}.test")
     draft = Case("", hostname, _order(f"{tag}-1"), _order(f"{tag}-2"))
     case = Case(await _insert(pool, start, draft, now), hostname, draft.stored, draft.new)
 
