@@ -117,8 +117,8 @@ class RecordActivities:
     @activity.defn(name="reopen_failed")
     async def reopen_failed(self, certificate_id: str) -> CertificateRecord:
         """Give a FAILED certificate a fresh budget; returns the row as it now is."""
-        await certificates.reopen_failed(self._pool, certificate_id)
-        return await self._load(certificate_id)
+        row = await certificates.reopen_failed(self._pool, certificate_id, self._managed_base_domain)
+        return row if row is not None else await self._load(certificate_id)
 
     @activity.defn(name="begin_renewal")
     async def begin_renewal(self, certificate_id: str) -> Transition:

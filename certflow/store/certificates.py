@@ -263,22 +263,26 @@ async def load_record(
     )
     return record_of(row) if row is not None else None
 
-async def reopen_failed(pool: asyncpg.Pool, certificate_id: str) -> bool:
+async def reopen_failed(
+    pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
+) -> CertificateRecord | None:
     """FAILED → a fresh failure budget: PENDING, or RENEWING/EXPIRED when a certificate
-    is in place (retry now, or the slow automatic retry)."""
-    result = await pool.fetchval(
-        """
-        UPDATE certificates SET
+    is in place (retry now, or the slow automatic retry). The row as it left it; None
+    when it was not FAILED."""
+    row = await pool.fetchrow(
+        f"""
+        UPDATE certificates AS c SET
             status = CASE WHEN ssl_certificate IS NULL THEN 'PENDING'
                           WHEN ssl_expires_at <= now() THEN 'EXPIRED'
                           ELSE 'RENEWING' END,
             ssl_retry_count = 0, updated_at = now()
         WHERE id = $1::uuid AND status = 'FAILED'
-        RETURNING true
+        RETURNING {RECORD_COLUMNS}
         """,
         certificate_id,
+        managed_base_domain,
     )
-    return bool(result)
+    return record_of(row) if row is not None else None
 
 async def begin_renewal(
     pool: asyncpg.Pool, certificate_id: str, managed_base_domain: str | None = None
