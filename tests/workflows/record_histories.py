@@ -13,7 +13,8 @@ that changes these scenarios' paths, record them again under a label naming it.
 The first four scenarios are those of every label; ``edge-unreachable``,
 ``rate-limited`` and ``ari-renewal`` were added with the self-check, the
 cooldown spread and the renewal-info sweep; the ``fewer`` label holds them on
-the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH). ``failure-and-retry`` needs a CA
+the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH), the ``rows`` label with the
+transitions' results carrying the row. ``failure-and-retry`` needs a CA
 that fails a validation the self-check passes, which one DNS for both cannot
 give: from the ``sweep`` label on, the FAILED path's history is recorded with
 the fakes (record_patch_histories.py).
@@ -138,7 +139,13 @@ async def _scenarios(
         proxy.serve_renewal_info(
             now - timedelta(minutes=1), now + timedelta(seconds=30), retry_after="1"
         )
-        await _until(client, host, lambda r: _settled(r) and r.serial != first.serial, timeout=120)
+        def replaced(report: CertificateState) -> bool:
+            # The replacement, given a window open again, waits for the sweep's next
+            # answer (ARI_ONCE_PER_WINDOW_PATCH) rather than for its renewal time.
+            renewal = "renewal" in (report.phase or "")
+            return report.status == "ACTIVE" and report.serial != first.serial and renewal
+
+        await _until(client, host, replaced, timeout=120)
         later = datetime.now(timezone.utc) + timedelta(days=60)
         proxy.serve_renewal_info(later, later + timedelta(days=2), retry_after="1")
         await asyncio.sleep(1)
