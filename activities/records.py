@@ -7,6 +7,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from certflow.contract import workflow_id_for
+from certflow.errors import FailureType
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.metrics import CertflowMetrics
 from certflow.store import certificates
@@ -68,7 +69,9 @@ class RecordActivities:
         (a newer IDNA mapping must not end a live certificate)."""
         refusal = _refusal(input.hostname)
         if refusal is not None and not await certificates.run_before(self._pool, input.hostname):
-            raise ApplicationError(str(refusal), type="InvalidHostnameError", non_retryable=True)
+            raise ApplicationError(
+                str(refusal), type=FailureType.INVALID_HOSTNAME, non_retryable=True
+            )
         record = await certificates.ensure_certificate(
             self._pool, input.hostname, input.tenant_id, self._managed_base_domain, input.method
         )
@@ -154,7 +157,7 @@ class RecordActivities:
         if record is None:
             raise ApplicationError(
                 f"certificate {certificate_id} no longer exists",
-                type="CERTIFICATE_GONE",
+                type=FailureType.CERTIFICATE_GONE,
                 non_retryable=True,
             )
         return record

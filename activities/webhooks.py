@@ -18,6 +18,7 @@ import requests
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from certflow.errors import FailureType
 from certflow.models import MethodReadiness
 from certflow.workflow_payloads import WebhookEvent
 
@@ -82,9 +83,12 @@ class WebhookActivities:
         response = await asyncio.to_thread(post)
         if response.status_code == 410:
             raise ApplicationError(
-                "the webhook receiver answered 410 Gone", type="WEBHOOK_GONE", non_retryable=True
+                "the webhook receiver answered 410 Gone",
+                type=FailureType.WEBHOOK_GONE,
+                non_retryable=True,
             )
         if not response.ok:
             raise ApplicationError(
-                f"the webhook receiver answered {response.status_code}", type="WEBHOOK_FAILED"
+                f"the webhook receiver answered {response.status_code}",
+                type=FailureType.WEBHOOK_FAILED,
             )

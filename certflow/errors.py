@@ -93,6 +93,21 @@ USER_MESSAGES: dict[ErrorCode, str] = {
 }
 
 
+class FailureType(StrEnum):
+    """The ApplicationError types an activity raises besides an ErrorCode's (a step's
+    failure carries its ErrorCode as its type): each ends a workflow or a retry, none
+    is stored on the row. The values are in recorded histories."""
+
+    CERTIFICATE_GONE = "CERTIFICATE_GONE"
+    """The row was deleted under the workflow (load_certificate, reopen_failed)."""
+    INVALID_HOSTNAME = "InvalidHostnameError"
+    """A workflow a backend started itself names an invalid or non-canonical hostname."""
+    WEBHOOK_GONE = "WEBHOOK_GONE"
+    """The webhook receiver answered 410: no more attempts."""
+    WEBHOOK_FAILED = "WEBHOOK_FAILED"
+    """The webhook receiver answered another error: retried."""
+
+
 class CertflowError(Exception):
     """The root of every error certflow raises."""
 

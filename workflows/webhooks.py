@@ -15,6 +15,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from activities.webhooks import WebhookActivities
     from certflow.contract import WEBHOOK_DELIVERY_WORKFLOW
+    from certflow.errors import FailureType
     from certflow.workflow_payloads import WebhookEvent
 
 DELIVERY_DEADLINE = timedelta(days=3)
@@ -34,6 +35,6 @@ class WebhookDeliveryWorkflow:
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(seconds=5),
                 maximum_interval=timedelta(hours=1),
-                non_retryable_error_types=["WEBHOOK_GONE"],
+                non_retryable_error_types=[FailureType.WEBHOOK_GONE],
             ),
         )
