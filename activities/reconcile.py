@@ -26,7 +26,8 @@ from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import Hostname, InvalidHostnameError, normalize_hostname
-from certflow.workflow_payloads import CertificateInput, ReconcileInput, ReconcileResult
+from certflow.starts import certificate_input
+from certflow.workflow_payloads import ReconcileInput, ReconcileResult
 
 PAGE = 500
 
@@ -141,7 +142,7 @@ class ReconcileActivities:
                 # Visibility lags a little: USE_EXISTING keeps a race harmless.
                 await self._client.start_workflow(
                     CERTIFICATE_WORKFLOW,
-                    CertificateInput(hostname=hostname, tenant_id=row.tenant_id),
+                    certificate_input(hostname, row.tenant_id),
                     id=workflow_id_for(hostname),
                     task_queue=self._task_queue,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

@@ -45,6 +45,7 @@ CERTIFICATE_ACTIVITIES: dict[Callable[..., Any], str] = {
     AcmeActivities.wait_for_order: "polling the order",
     AcmeActivities.finalize_and_store: "finalizing and storing the certificate",
     ObtainActivities.validate_order: "checking the challenge as the CA will, asking the CA to validate, polling the order",
+    ObtainActivities.order_and_validate: "creating the ACME order, storing its challenge, checking it as the CA will, asking the CA to validate, polling the order",
     AcmeActivities.renewal_info: "asking the CA when to renew (ARI)",
     AcmeActivities.deactivate_authorizations: "deactivating the open authorization",
     AcmeActivities.revoke_certificate: "revoking the certificate",

@@ -238,6 +238,25 @@ class ValidateOrderInput(Frozen):
     """The challenge as persisted by this attempt's place_order (None: read the row)."""
 
 
+class OrderAndValidateInput(Frozen):
+    """A new order placed and validated in one activity (workflows of the
+    order-in-one-step design): place_order's work, then validate_order's."""
+
+    order: PlaceOrderInput
+    within_seconds: float
+    """How long to poll the order fast once its challenge is accepted."""
+    self_check: bool = True
+    """Fetch an http-01 challenge as the CA will before accepting it."""
+
+
+class OrderedAndValidated(Frozen):
+    """The order as placed and persisted, and how far its validation got: None when
+    its challenge is dns-01, whose TXT the workflow publishes before the accept."""
+
+    order: PlacedOrder
+    progress: OrderProgress | None = None
+
+
 class Outcome(Frozen):
     """What a failed attempt does to the row (SPEC §4)."""
 

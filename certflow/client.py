@@ -22,7 +22,7 @@ from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from certflow.store import cooldowns, requests
@@ -40,7 +40,6 @@ from certflow.models import (
 )
 from certflow.workflow_payloads import (
     TransferRequest,
-    CertificateInput,
     CertificateState,
     DeleteRequest,
     DomainCheckInput,
@@ -49,6 +48,7 @@ from certflow.workflow_payloads import (
     ReconcileResult,
 )
 from certflow.schedules import install_reconcile_schedule
+from certflow.starts import CertificateStarts, certificate_input
 from certflow.settings import ClientSettings
 from certflow.errors import ActionRejectedError, HostnameOwnedError
 
@@ -96,6 +96,7 @@ class CertflowClient:
         self.temporal = temporal
         self.task_queue = task_queue
         self.ownership_secret = ownership_secret
+        self._starts = CertificateStarts(temporal, task_queue)
 
     @classmethod
     async def connect(
@@ -147,14 +148,7 @@ class CertflowClient:
 
         async def start(hostname: Hostname) -> None:
             async with slots:
-                await self.temporal.start_workflow(
-                    CERTIFICATE_WORKFLOW,
-                    CertificateInput(hostname=hostname, tenant_id=tenant_id, method=method),
-                    id=workflow_id_for(hostname),
-                    task_queue=self.task_queue,
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                )
+                await self._starts.start(hostname, tenant_id, method)
 
         await asyncio.gather(*(start(h) for h in unique))
         return unique
@@ -368,7 +362,7 @@ class CertflowClient:
             raise ActionRejectedError(f"no certificate for {hostname}")
         start: WithStartWorkflowOperation[Any, Any] = WithStartWorkflowOperation(
             CERTIFICATE_WORKFLOW,
-            CertificateInput(hostname=hostname, tenant_id=row.tenant_id),
+            certificate_input(hostname, row.tenant_id),
             id=workflow_id_for(hostname),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

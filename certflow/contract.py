@@ -40,3 +40,9 @@ def domain_check_workflow_id(hostname: str, check_id: str) -> str:
 def webhook_workflow_id(hostname: str, event_id: str) -> str:
     """One delivery workflow per event: each event is delivered once."""
     return f"webhook:{hostname}:{event_id}"
+
+CERTIFICATE_DESIGN = 3
+"""The design of the Certificate workflow that certflow's own starts ask for
+(``CertificateInput.design``; workflows/patches.py says what each changes). A
+worker is deployed before the clients that ask for its design; a worker that
+knows only an older one runs the newest it knows."""

@@ -176,6 +176,9 @@ class Phase(StrEnum):
     CHECKING_HTTP01 = "checking the challenge is reachable"
     PUBLISHING_DNS01 = "publishing the dns-01 TXT in our zone"
     CREATING_ORDER = "creating order"
+    ORDERING = "creating the order and validating its challenge"
+    """Runs of the order-in-one-step design: the order placed, self-checked, accepted
+    and polled in one activity."""
     ACCEPTING_CHALLENGE = "accepting challenge"
     POLLING_ORDER = "polling order"
     ORDER_PENDING = "order pending; polling again"

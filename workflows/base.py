@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
-    from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
+    from workflows.patches import FEWER_ROUND_TRIPS_DESIGN, ORDER_IN_ONE_STEP_DESIGN
     from workflows.steps import (
         BEST_EFFORT,
         POSTGRES,
@@ -130,6 +130,10 @@ class CertificateBase:
         return self._state.design >= FEWER_ROUND_TRIPS_DESIGN
 
     @property
+    def _order_in_one_step(self) -> bool:
+        return self._state.design >= ORDER_IN_ONE_STEP_DESIGN
+
+    @property
     def _row_just_read(self) -> bool:
         """The row was read in this workflow task: nothing waited since (any wait
         ends the task, and the next one starts later)."""
@@ -170,7 +174,7 @@ class CertificateBase:
         record = self._state.current
         if record is None:
             return
-        if self._state.policy.search_attributes:
+        if self._state.policy.search_attributes and not self._state.attributes_held:
             updates: list[SearchAttributeUpdate[Any]] = [
                 search.HOSTNAME.value_set(record.hostname),
                 search.STATUS.value_set(str(record.status)),
@@ -198,6 +202,25 @@ class CertificateBase:
         if record.expires_at is not None:
             details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
         workflow.set_current_details("\n\n".join(details))
+
+    @staticmethod
+    def _shown_at_start() -> tuple[object, ...] | None:
+        """What the search attributes the run started with show (set by the
+        client's start, or copied by continue-as-new), as ``_shown`` says it; None
+        when the start set no status."""
+        attributes = workflow.info().typed_search_attributes
+        status = attributes.get(search.STATUS)
+        if status is None:
+            return None
+        # Strings: the row's enums compare equal to their values.
+        shown: tuple[object, ...] = (
+            status,
+            attributes.get(search.ERROR_CODE),
+            attributes.get(search.EXPIRES_AT),
+            attributes.get(search.TENANT),
+        )
+        issuer = attributes.get(search.ISSUER)
+        return shown if issuer is None else (*shown, issuer)
 
     @staticmethod
     def _shown_issuer(record: CertificateRecord) -> str | None:
@@ -236,7 +259,8 @@ class CertificateBase:
             carried=record,
             waits=waits,
             policy=self._state.policy if after_issuance else None,
-            design=FEWER_ROUND_TRIPS_DESIGN,
+            # The newest design this code knows: a new run starts a new history.
+            design=ORDER_IN_ONE_STEP_DESIGN,
         )
 
     async def _give_up(self, status: CertificateStatus, code: ErrorCode, message: str) -> bool:

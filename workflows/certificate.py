@@ -68,6 +68,8 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
             if input.design is not None
             else FEWER_ROUND_TRIPS_DESIGN if workflow.patched(FEWER_ROUND_TRIPS_PATCH) else 1
         )
+        if self._order_in_one_step and self._state.published is None:
+            self._state.published = self._shown_at_start()  # no upsert repeats the start's
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
         if not self._state.after_issuance:

@@ -33,6 +33,8 @@ with workflow.unsafe.imports_passed_through():
         Http01CheckInput,
         IssuedCertificate,
         OpenedOrder,
+        OrderAndValidateInput,
+        OrderProgress,
         PersistChallengeInput,
         PlaceOrderInput,
         PlacedOrder,
@@ -55,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         POSTGRES,
         AttemptFailed,
         failure_of,
+        order_and_validate,
         order_wait,
         run,
         run_local,
@@ -82,6 +85,7 @@ class Obtaining(CertificateBase):
             method = record.validation_method  # of the kept order (None: http-01)
             methods: list[ValidationMethod] = []
             placed: PlacedOrder | None = None  # this attempt's order, as persisted
+            validated: OrderProgress | None = None  # its validation, run with the order
             method_reason: str | None = None
             self._state.caa_reading = None
             if order_url is None:
@@ -102,26 +106,32 @@ class Obtaining(CertificateBase):
                 if self._state.caa_disagreements:
                     allowed = self._not_disagreeing(allowed)
                 self._choose_issuer(record, allowed, policy)
-                self._enter(Phase.CREATING_ORDER)
+                self._enter(Phase.ORDERING if self._order_in_one_step else Phase.CREATING_ORDER)
                 accept_first = self._patched(PLACE_ORDER_PATCH)
                 order: OpenedOrder
                 if accept_first:
-                    order = placed = await run(
-                        CA,
-                        AcmeActivities.place_order,
-                        PlaceOrderInput(
-                            certificate_id=record.certificate_id,
-                            hostname=record.hostname,
-                            kind=self._order_kind(record),
-                            issuer=self._state.issuer,
-                            issuer_reason=self._state.issuer_reason,
-                            methods=methods,
-                            method_reason=method_reason,
-                        ),
+                    order_input = PlaceOrderInput(
+                        certificate_id=record.certificate_id,
+                        hostname=record.hostname,
+                        kind=self._order_kind(record),
+                        issuer=self._state.issuer,
+                        issuer_reason=self._state.issuer_reason,
+                        methods=methods,
+                        method_reason=method_reason,
                     )
+                    if self._order_in_one_step:
+                        placed, validated = await self._order_and_validate(order_input, policy)
+                        order = placed
+                    else:
+                        order = placed = await run(CA, AcmeActivities.place_order, order_input)
                 else:
                     order = await self._create_and_persist_order(record)
                 order_url, challenge_url, method = order.order_url, order.challenge_url, order.method
+                if validated is not None:
+                    self._state.accepted_challenge = challenge_url
+                    # Ready at once: finalize follows, and what the search attributes
+                    # show next is its outcome.
+                    self._state.attributes_held = validated.status in ISSUABLE
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                 record = self._set_written(
                     placed.row if placed is not None else None,
@@ -137,7 +147,7 @@ class Obtaining(CertificateBase):
                 self._check_stop()
                 # Before the CA is asked: the HTTP-01 fetch as it will make it, or our
                 # dns-01 TXT on every server; a persist record is read by the CA itself.
-                self_check = accept_first and method in (None, ValidationMethod.HTTP_01)
+                self_check = accept_first and validated is None and method in (None, ValidationMethod.HTTP_01)
                 publish = accept_first and method is ValidationMethod.DNS_01
                 if not accept_first:
                     self._enter(Phase.ACCEPTING_CHALLENGE)
@@ -179,7 +189,7 @@ class Obtaining(CertificateBase):
                 self._check_stop()
             await self._wait_for_order(
                 record.certificate_id, order_url, challenge_url, policy, accept_first, accept_unsure,
-                self_check, placed,
+                self_check, placed, validated,
             )
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
@@ -203,6 +213,8 @@ class Obtaining(CertificateBase):
             if failure.accepted:
                 self._state.accepted_challenge = record.challenge_url or self._record.challenge_url
             raise failure from None
+        finally:
+            self._state.attributes_held = False
 
     def _choose_issuer(
         self, record: CertificateRecord, allowed: list[str], policy: ProvisioningPolicy
@@ -268,6 +280,34 @@ class Obtaining(CertificateBase):
         in_window = window is not None and window[0] <= workflow.now() < window[1]
         return OrderKind.ARI_RENEWAL if in_window else OrderKind.RENEWAL
 
+    async def _order_and_validate(
+        self, order: PlaceOrderInput, policy: ProvisioningPolicy
+    ) -> tuple[PlacedOrder, OrderProgress | None]:
+        """Place the order and validate it in one activity (runs of the
+        order-in-one-step design): the order as persisted, and its validation (None:
+        a dns-01 challenge, whose TXT goes out first). When the activity fails, the
+        row is read again: it holds the order when one was placed, which the
+        failure keeps or abandons as after place_order."""
+        try:
+            done = await run(
+                order_and_validate(policy.order_fast_poll_seconds),
+                ObtainActivities.order_and_validate,
+                OrderAndValidateInput(
+                    order=order,
+                    within_seconds=policy.order_fast_poll_seconds,
+                    self_check=policy.http01_self_check,
+                ),
+            )
+        except ActivityError:
+            try:
+                self._set_record(
+                    await self._postgres(RecordActivities.reload_record, order.certificate_id)
+                )
+            except ActivityError:
+                pass  # the row is gone: the failure's record finds that out
+            raise
+        return done.order, done.progress
+
     async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
         """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
         order = await run(CA, AcmeActivities.create_order, CreateOrderInput(hostname=record.hostname))
@@ -290,12 +330,19 @@ class Obtaining(CertificateBase):
         accept_unsure: bool = False,
         self_check: bool = False,
         placed: PlacedOrder | None = None,
+        validated: OrderProgress | None = None,
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:
         never again once the CA answered (SPEC §3 step 5). In runs of the
-        fewer-round-trips design that activity self-checks the challenge first."""
+        fewer-round-trips design that activity self-checks the challenge first.
+        ``validated``: the first fast poll, done by the activity that placed the
+        order (order-in-one-step design)."""
         attempt = 0
+        if validated is not None:
+            if validated.status in ISSUABLE:
+                return
+            attempt = await self._poll_again(validated, attempt)
         while True:
             self._check_stop()
             self._enter(Phase.POLLING_ORDER)
@@ -329,17 +376,22 @@ class Obtaining(CertificateBase):
                 self._state.accepted_challenge = challenge_url
             if progress.status in ISSUABLE:
                 return
-            delay = order_poll_delay(attempt, progress.retry_after_seconds)
-            attempt += 1
-            self._enter(Phase.polling_again(progress.status))
-            # The CA's pacing (Retry-After) is honoured even against "retry now".
-            await self._sleep(delay, interruptible=False)
-            if (
-                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
-                and self._state.stop is None
-                and self._patched(BOUNDED_ORDER_POLL_PATCH)
-            ):
-                # An order the CA keeps pending for days (an incident): the next run
-                # goes on polling it from the row, never accepting it again.
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self._next_run_input(carry_waits=True))
+            attempt = await self._poll_again(progress, attempt)
+
+    async def _poll_again(self, progress: OrderProgress, attempt: int) -> int:
+        """Wait before the next poll of an order not yet ready (continuing as new
+        when the run is long); the next attempt's number."""
+        delay = order_poll_delay(attempt, progress.retry_after_seconds)
+        self._enter(Phase.polling_again(progress.status))
+        # The CA's pacing (Retry-After) is honoured even against "retry now".
+        await self._sleep(delay, interruptible=False)
+        if (
+            workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
+            and self._state.stop is None
+            and self._patched(BOUNDED_ORDER_POLL_PATCH)
+        ):
+            # An order the CA keeps pending for days (an incident): the next run
+            # goes on polling it from the row, never accepting it again.
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._next_run_input(carry_waits=True))
+        return attempt + 1

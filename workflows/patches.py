@@ -58,6 +58,23 @@ half the history events and workflow tasks of an issuance. Patches added after i
 call ``workflow.patched`` as before."""
 FEWER_ROUND_TRIPS_DESIGN = 2
 """The design of runs started by code with FEWER_ROUND_TRIPS_PATCH (1: before it)."""
+ORDER_IN_ONE_STEP_DESIGN = 3
+"""Runs whose start asks for it (``CertificateInput.design``: certflow's own starts,
+certflow.contract.CERTIFICATE_DESIGN; never a patch marker, so a worker is deployed
+before the clients that ask for it), and every run continued as new by code that
+knows it: everything of FEWER_ROUND_TRIPS_DESIGN, and
+
+- the order is placed and validated in one activity (``order_and_validate``:
+  place_order's, then validate_order's work), the dns-01 TXT published in between
+  when the CA's challenge is dns-01 (the activity then stops after placing);
+- the search attributes the start set (``CertflowClient.request``) count as shown:
+  no upsert repeats them;
+- an order the CA made ready at once is finalized with the search attributes still
+  showing the status before it (PROVISIONING lasts a second; the next upsert shows
+  ACTIVE or the failure).
+
+Ten history events fewer per issuance (30 → 20), a workflow task and an activity
+task fewer."""
 RENEW_NEXT_RUN_PATCH = "renew-next-run"
 """A ``renew`` signal, or a transfer's renewal, that reaches the run which has just
 issued (phase ISSUED, handing over to the run that waits for the renewal time) is

@@ -60,6 +60,9 @@ class RunState:
     next_attempt_at: datetime | None = None
     published: tuple[object, ...] | None = None
     """What the search attributes show now (upserted only when it changes)."""
+    attributes_held: bool = False
+    """No upsert for now: an order ready at once is being finalized (its next
+    record, ACTIVE or the failure, is what they show next)."""
 
     # -- what signals and updates ask of the loop
     retry_requested: bool = False

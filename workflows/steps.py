@@ -85,6 +85,13 @@ def validate_order(fast_poll_seconds: float) -> Step:
     )
 
 
+def order_and_validate(fast_poll_seconds: float) -> Step:
+    """order_and_validate: a new order (a CA exchange, 20 s), then validate_order's work."""
+    return Step(
+        timedelta(seconds=fast_poll_seconds + 70), SHORT_FAULT_RETRY, heartbeat=timedelta(seconds=10)
+    )
+
+
 async def run_local(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
     """Run a short activity of the workflow as a local activity: its result is one
     marker in the workflow task that asked for it, no task of its own. It fails

@@ -312,9 +312,9 @@ async def test_429_without_retry_after_is_an_hour_until_an_operator_clears_it(
 
 
 ABSORBED = {
-    "order 503,500": (Endpoint.ORDER, [Fault.unavailable(), Fault.server_error()], "validate_order"),
+    "order 503,500": (Endpoint.ORDER, [Fault.unavailable(), Fault.server_error()], "order_and_validate"),
     "finalize 503,500": (Endpoint.FINALIZE, [Fault.unavailable(), Fault.server_error()], "finalize_and_store"),
-    "challenge 500,503": (Endpoint.CHALLENGE, [Fault.server_error(), Fault.unavailable()], "validate_order"),
+    "challenge 500,503": (Endpoint.CHALLENGE, [Fault.server_error(), Fault.unavailable()], "order_and_validate"),
     "finalize dropped": (Endpoint.FINALIZE, [Fault.dropped()], "finalize_and_store"),
 }
 
@@ -406,7 +406,7 @@ async def test_429_retry_after_zero_means_now_and_records_no_cooldown(
     assert await fault_client.cooldowns() == []
     assert (proxy.count(Endpoint.NEW_ORDER), proxy.forwarded(Endpoint.NEW_ORDER)) == (2, 1)
     history = await activity_history(fault_client, hostname)
-    assert [r.failure_type for r in history if r.activity_type == "place_order"] == [RATE_LIMITED, None]
+    assert [r.failure_type for r in history if r.activity_type == "order_and_validate"] == [RATE_LIMITED, None]
     print(f"\n[429 retry-after 0] no cooldown; ACTIVE after {elapsed:.1f}s; {_seen_line(proxy)}")
 
 
@@ -606,12 +606,12 @@ async def test_a_rate_limit_seen_by_one_worker_stops_new_orders_from_both(
         for hostname in hostnames:
             for record in await activity_history(fault_client, hostname):
                 identities.add(record.identity)
-                if record.activity_type == "place_order" and record.failure_type == RATE_LIMITED:
+                if record.activity_type == "order_and_validate" and record.failure_type == RATE_LIMITED:
                     refused_by[record.identity] = refused_by.get(record.identity, 0) + 1
         print(
             f"\n[two workers, 429 retry-after 5] cooldown until {until.time()}; new orders forwarded "
             f"{forwarded_at_start} before it, 0 during it; all {len(hostnames)} ACTIVE after {elapsed:.1f}s; "
-            f"{_seen_line(proxy)}; rate-limited place_order per worker: {refused_by}"
+            f"{_seen_line(proxy)}; rate-limited orders per worker: {refused_by}"
         )
         assert set(refused_by) == identities and len(identities) == 2, (refused_by, identities)
     finally:

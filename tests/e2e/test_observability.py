@@ -17,6 +17,7 @@ import time
 import uuid
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from certflow.store import cooldowns
@@ -277,3 +278,52 @@ async def test_search_attributes_find_the_right_workflows(
     )
     assert "PENDING" in metadata.current_details and "DNS_CNAME" in metadata.current_details
     assert not scan_bytes(metadata.current_details, key_needles(*servers.captured_keys(deployment.key_capture)))
+
+
+async def test_an_issuance_repeats_no_search_attribute_and_records_no_patch(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    """The run that issues a requested hostname (ORDER_IN_ONE_STEP_DESIGN, on the real
+    servers): the start's search attributes count as shown, so its one upsert is
+    the certificate ACTIVE; the design comes with the start, so no patch marker; the
+    order placed and validated in one activity, and the order ready at once
+    finalized with the attributes unchanged. Shown red: with ``_shown_at_start``
+    returning None the upserts were PENDING, ACTIVE; with ``_publish`` ignoring
+    ``attributes_held``, PROVISIONING, ACTIVE. A client starting without a design
+    adds a ``core_patch`` marker and its ``TemporalChangeVersion`` upsert."""
+    hostname = deployment.hostname("one-upsert")
+    tenant = f"tenant-upsert-{uuid.uuid4().hex[:8]}"
+    await client.request([hostname], tenant_id=tenant)
+    assert (await client.wait([hostname], 60))[hostname].status == "ACTIVE"  # type: ignore[union-attr]
+
+    # The run after the issuance names the one it continued (the row is ACTIVE a
+    # moment before that run starts).
+    deadline = time.monotonic() + 30
+    while True:
+        latest = await client.handle(hostname).fetch_history()
+        first_run = latest.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+        if first_run or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert first_run, "the issuing run never continued as new"
+    history = await client.temporal.get_workflow_handle(
+        f"certificate:{hostname}", run_id=first_run
+    ).fetch_history()
+    kinds = [e.event_type for e in history.events]
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    assert [json.loads(u["CertificateStatus"].data) for u in upserts] == ["ACTIVE"]
+    assert EventType.EVENT_TYPE_MARKER_RECORDED in kinds  # the local activities'
+    assert all(
+        e.marker_recorded_event_attributes.marker_name != "core_patch"
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    )
+    assert [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ] == ["order_and_validate", "finalize_and_store"]

@@ -136,7 +136,7 @@ async def _issue_in_process(
 
 # ------------------------------------------------------------- the worker's own tracing
 
-ACTIVITIES = ("check_dns", "place_order", "finalize_and_store")
+ACTIVITIES = ("check_dns", "order_and_validate", "finalize_and_store")
 STEPS = ("certmanager.dns_check", "certmanager.create_order", "certmanager.issue_cert")
 SPANS_DEADLINE_S = 60.0  # the worker's BatchSpanProcessor exports every few seconds
 

@@ -49,6 +49,8 @@ from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus, RequestedMethod, ValidationMethod
 from certflow.models import CertificateRecord, CertificateStatus
 from certflow.activity_payloads import (
+    OrderAndValidateInput,
+    OrderedAndValidated,
     AcceptChallengeInput,
     CheckDnsInput,
     Dns01ChallengeInput,
@@ -76,7 +78,8 @@ from certflow.activity_payloads import (
     WaitForOrderInput,
 )
 from certflow.workflow_payloads import CertificateInput, CertificateState, ProvisioningPolicy
-from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
+from certflow.contract import CERTIFICATE_DESIGN, CERTIFICATE_WORKFLOW, workflow_id_for
+from activities.obtain import validation_of
 from certflow.hostnames import Hostname, as_hostname
 from workflows.certificate import CertificateWorkflow
 from tests import expected
@@ -475,6 +478,17 @@ class Fakes:
                 )
             return await wait_for_order(input.wait)
 
+        @activity.defn(name="order_and_validate")
+        async def order_and_validate(input: OrderAndValidateInput) -> OrderedAndValidated:
+            # The real one runs place_order's and validate_order's work in one
+            # activity: recorded as those calls, with their behaviours.
+            opened = await place_order(input.order)
+            placed = opened if isinstance(opened, PlacedOrder) else PlacedOrder(**opened.model_dump())
+            validation = validation_of(input, placed)
+            if validation is None:
+                return OrderedAndValidated(order=placed)
+            return OrderedAndValidated(order=placed, progress=await validate_order(validation))
+
         @activity.defn(name="finalize_and_store")
         async def finalize_and_store(input: FinalizeInput) -> IssuedCertificate:
             result, now = await self._enter("finalize_and_store", input)
@@ -637,6 +651,7 @@ class Fakes:
             accept_challenge,
             wait_for_order,
             validate_order,
+            order_and_validate,
             finalize_and_store,
             record_failure,
             reopen_failed,
@@ -843,11 +858,20 @@ class Run:
         return run_id
 
 
+def _with_design(input: CertificateInput, design: int | None) -> CertificateInput:
+    return input if input.design is not None else input.model_copy(update={"design": design})
+
+
 @asynccontextmanager
 async def started(
-    env: WorkflowEnvironment, fakes: Fakes, input: CertificateInput | None = None
+    env: WorkflowEnvironment,
+    fakes: Fakes,
+    input: CertificateInput | None = None,
+    design: int | None = CERTIFICATE_DESIGN,
 ) -> AsyncIterator[Run]:
-    """A worker with the fakes on a fresh task queue, and the workflow started on it.
+    """A worker with the fakes on a fresh task queue, and the workflow started on it,
+    of ``design`` (as certflow starts it) unless the input names one (None: decided
+    by the workflow's first run, as for a start by other code).
 
     A workflow still running when the test ends (a failed test) is terminated,
     so it cannot wake up during a later test's time skipping.
@@ -861,7 +885,7 @@ async def started(
     ):
         handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
             CERTIFICATE_WORKFLOW,
-            input or CertificateInput(hostname=HOSTNAME),
+            _with_design(input or CertificateInput(hostname=HOSTNAME), design),
             id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
             task_queue=task_queue,
             result_type=CertificateState,

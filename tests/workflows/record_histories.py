@@ -14,7 +14,8 @@ The first four scenarios are those of every label; ``edge-unreachable``,
 ``rate-limited`` and ``ari-renewal`` were added with the self-check, the
 cooldown spread and the renewal-info sweep; the ``fewer`` label holds them on
 the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH), the ``rows`` label with the
-transitions' results carrying the row. ``failure-and-retry`` needs a CA
+transitions' results carrying the row, the ``one-step`` label on the
+order-in-one-step design (ORDER_IN_ONE_STEP_DESIGN, the design the client asks for). ``failure-and-retry`` needs a CA
 that fails a validation the self-check passes, which one DNS for both cannot
 give: from the ``sweep`` label on, the FAILED path's history is recorded with
 the fakes (record_patch_histories.py).

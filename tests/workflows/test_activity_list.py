@@ -36,5 +36,5 @@ def test_registered_names_are_the_ones_histories_hold() -> None:
         "delete_certificate", "check_dns", "place_order", "create_order", "accept_challenge",
         "wait_for_order", "finalize_and_store", "renewal_info", "deactivate_authorizations",
         "revoke_certificate", "cooldown_remaining", "check_http01", "publish_dns01", "withdraw_dns01", "transfer_certificate", "give_up",
-        "validate_order",
+        "validate_order", "order_and_validate",
     }

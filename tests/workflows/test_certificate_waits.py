@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.errors import ErrorCode
 from certflow.models import AcmeStatus
-from certflow.models import CertificateStatus
+from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState
 from certflow.activity_payloads import OrderProgress, WaitForOrderInput
 
@@ -435,7 +435,7 @@ async def test_renewing_shows_in_the_status_query(workflow_env: WorkflowEnvironm
         finally:
             release.set()
         assert state.status is CertificateStatus.RENEWING
-        assert state.phase == "polling order"
+        assert state.phase is Phase.ORDERING  # the order placed and validated in one step
         assert state.expires_at == fakes.issued[0].not_after
         assert fakes.row.status is CertificateStatus.RENEWING
         await run.until_active(serial_count=2)
@@ -467,7 +467,7 @@ async def test_retry_sent_during_an_attempt_that_polls_cuts_the_next_backoff(
     async with started(workflow_env, fakes) as run:
         await asyncio.wait_for(polling.wait(), 15)
         await run.handle.signal("retry")  # "retry now" during the attempt...
-        await until_phase(run, "polling order")
+        await until_phase(run, Phase.ORDERING)
         release.set()
         finalizes = await run.until_calls("finalize_and_store", 2)
         # ...ends the 3600 s failure backoff that follows it at once.

@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 import pytest
+
+from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -220,6 +222,7 @@ async def test_rate_limited_without_open_order_keeps_count_and_orders_again(
             "ensure_certificate",
             "check_dns",
             "place_order",
+            "load_certificate",  # order_and_validate failed: did it place an order? no
             "record_failure",
             *ATTEMPT_STEPS,  # no order was open: the next attempt starts over
             *AFTER_ISSUANCE_STEPS,
@@ -545,13 +548,36 @@ async def test_a_lost_place_order_leaves_no_order_the_next_attempt_trips_on(
     """
     fakes = Fakes(workflow_env)
     fakes.behaviours["place_order"] = order_persisted_then_lost(fakes)
-    async with started(workflow_env, fakes) as run:
+    async with started(workflow_env, fakes, design=FEWER_ROUND_TRIPS_DESIGN) as run:
         await run.until_active(advance=10)
         assert [as_tuple(o) for o in fakes.outcomes()] == [
             (PENDING, 0, False, ErrorCode.ACME_TEMPORARY)
         ]
         assert fakes.orders_created == 2
         assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(2).order_url}
+        await run.cancel()
+
+
+async def test_a_lost_order_and_validate_keeps_the_order_it_placed(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """The same loss in order_and_validate (ORDER_IN_ONE_STEP_DESIGN): the workflow
+    reads the row again when the activity fails, so it knows of the order the
+    activity placed; the attempt is not charged, the order is kept, and the next
+    attempt validates it: one order in all, no PENDING row holding one.
+
+    Shown red: without the re-read in ``Obtaining._order_and_validate`` the outcome
+    is the design before's (PENDING, the order cleared) and a second order is
+    created."""
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["place_order"] = order_persisted_then_lost(fakes)
+    async with started(workflow_env, fakes) as run:
+        await run.until_active(advance=10)
+        assert [as_tuple(o) for o in fakes.outcomes()] == [
+            (PROVISIONING, 0, True, ErrorCode.ACME_TEMPORARY)
+        ]
+        assert fakes.orders_created == 1
+        assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(1).order_url}
         await run.cancel()
 
 

@@ -1,11 +1,15 @@
 """What one issuance costs in Temporal (issue 25): the workflow tasks, activity
-tasks and patch markers of the run that issues, on the fewer-round-trips design
-(FEWER_ROUND_TRIPS_PATCH) and on the design before it, which runs started by
-older code keep (CertificateInput.design 1).
+tasks, patch markers and search-attribute upserts of the run that issues, on the
+order-in-one-step design certflow starts (ORDER_IN_ONE_STEP_DESIGN), on the
+fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH) that runs started without a
+design take, and on the design before it, which runs started by older code keep
+(CertificateInput.design 1).
 
 Red when the design is ignored (``CertificateBase._fewer_round_trips`` returning
 False): the default run then schedules the six activities and seven workflow
-tasks of design 1 and records every patch marker.
+tasks of design 1 and records every patch marker; with
+``CertificateBase._order_in_one_step`` returning False, design 3's run schedules
+place_order and validate_order apart, in four workflow tasks.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.workflow_payloads import CertificateInput
+from certflow.contract import CERTIFICATE_DESIGN
 from workflows.patches import FEWER_ROUND_TRIPS_PATCH
 
 from certflow.errors import ErrorCode
@@ -23,9 +28,11 @@ from certflow.models import CertificateStatus
 from .fakes import DEFAULT, HOSTNAME, Fakes, Row, app_error, started
 
 
-async def _first_run(env: WorkflowEnvironment, input: CertificateInput | None = None) -> tuple[WorkflowHistory, Fakes]:
+async def _first_run(
+    env: WorkflowEnvironment, input: CertificateInput | None = None, design: int | None = CERTIFICATE_DESIGN
+) -> tuple[WorkflowHistory, Fakes]:
     fakes = Fakes(env)
-    async with started(env, fakes, input) as run:
+    async with started(env, fakes, input, design=design) as run:
         await run.until_active()
         history = await env.client.get_workflow_handle(
             run.handle.id, run_id=run.handle.first_execution_run_id
@@ -54,10 +61,22 @@ def _patches(history: WorkflowHistory) -> list[str]:
     ]
 
 
-async def test_an_issuance_takes_three_activity_tasks_and_four_workflow_tasks(
+async def test_an_issuance_takes_two_activity_tasks_and_three_workflow_tasks(
     workflow_env: WorkflowEnvironment,
 ) -> None:
     history, fakes = await _first_run(workflow_env)
+
+    # The row read and the DNS check ran (as local activities: markers, no tasks).
+    assert fakes.names()[:2] == ["ensure_certificate", "check_dns"]
+    assert _activities(history) == ["order_and_validate", "finalize_and_store"]
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 3
+    assert _patches(history) == []
+
+
+async def test_runs_started_without_a_design_take_the_fewer_round_trips_one(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    history, fakes = await _first_run(workflow_env, design=None)
 
     # The row read and the DNS check ran (as local activities: markers, no tasks).
     assert fakes.names()[:2] == ["ensure_certificate", "check_dns"]
@@ -70,8 +89,10 @@ async def test_an_issuance_takes_three_activity_tasks_and_four_workflow_tasks(
 async def test_the_next_run_carries_the_design_without_a_marker(
     workflow_env: WorkflowEnvironment,
 ) -> None:
+    """A run started without a design takes it by a patch marker; the run it
+    continues as new records none and follows the newest design this code knows."""
     fakes = Fakes(workflow_env)
-    async with started(workflow_env, fakes) as run:
+    async with started(workflow_env, fakes, design=None) as run:
         await run.until_active()
         await run.handle.signal("renew")
         await run.until_calls("finalize_and_store", 2)
@@ -86,7 +107,7 @@ async def test_the_next_run_carries_the_design_without_a_marker(
             run.handle.id,
             run_id=last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id,
         ).fetch_history()
-    assert "validate_order" in _activities(second)
+    assert "order_and_validate" in _activities(second)
     assert _patches(second) == []
 
 
