@@ -79,6 +79,9 @@ class Obtaining(CertificateBase):
     async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
         try:
+            # Order-in-one-step design: what the search attributes show next is what
+            # the attempt comes to, unless it waits on the way (released there).
+            self._state.attributes_held = self._order_in_one_step
             order_url, challenge_url = record.order_url, record.challenge_url
             accept_first = accept_unsure = False
             self_check = publish = False
@@ -129,9 +132,9 @@ class Obtaining(CertificateBase):
                 order_url, challenge_url, method = order.order_url, order.challenge_url, order.method
                 if validated is not None:
                     self._state.accepted_challenge = challenge_url
-                    # Ready at once: finalize follows, and what the search attributes
-                    # show next is its outcome.
-                    self._state.attributes_held = validated.status in ISSUABLE
+                # Ready at once: finalize follows, and what the search attributes show
+                # next is its outcome; else they show the order before the wait.
+                self._state.attributes_held = validated is not None and validated.status in ISSUABLE
                 renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
                 record = self._set_written(
                     placed.row if placed is not None else None,
@@ -157,6 +160,7 @@ class Obtaining(CertificateBase):
                         AcceptChallengeInput(challenge_url=challenge_url, issuer=self._state.issuer),
                     )
             else:
+                self._state.attributes_held = False
                 self._state.issuer = record.order_issuer  # the kept order's CA
                 if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
                     self_check = accept_first = True  # kept when its self-check failed: never accepted

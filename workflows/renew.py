@@ -183,11 +183,15 @@ class Renewing(CertificateBase):
         self._state.renew_requested = False
         self._enter(Phase.RENEWING)
         renewing = await self._postgres(RecordActivities.begin_renewal, record.certificate_id)
+        # Order-in-one-step design: RENEWING is shown only if the attempt waits or
+        # fails; a renewal the CA grants at once shows ACTIVE next (one upsert).
+        self._state.attributes_held = self._order_in_one_step
         self._set_written(
             renewing.row,
             record,
             status=CertificateStatus.RENEWING if renewing.applied else record.status,
         )
+        self._state.attributes_held = False
         if not renewing.applied:
             refreshed = await self._postgres(
                 RecordActivities.ensure_certificate,

@@ -61,8 +61,10 @@ class RunState:
     published: tuple[object, ...] | None = None
     """What the search attributes show now (upserted only when it changes)."""
     attributes_held: bool = False
-    """No upsert for now: an order ready at once is being finalized (its next
-    record, ACTIVE or the failure, is what they show next)."""
+    """No upsert for now (order-in-one-step design): an attempt under way, which
+    releases it before it waits and when it ends, so the search attributes show
+    what it comes to (ACTIVE, the failure, or the order it polls) and never a
+    status that lasted a second (PROVISIONING, RENEWING on the way to ACTIVE)."""
 
     # -- what signals and updates ask of the loop
     retry_requested: bool = False

@@ -19,6 +19,7 @@ import uuid
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowHistory
 
 from certflow.store import cooldowns
 from certflow.client import CertflowClient
@@ -26,6 +27,7 @@ from certflow.crypto import EncryptionKey
 from devstack import servers
 from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment, worker_log_after_sentinel
+from tests.history_events import activities_run
 from tests.leaks import key_needles, log_leaks, scan_bytes
 from tests.e2e.fault_fixtures import (
     metric_value,
@@ -289,41 +291,62 @@ async def test_an_issuance_repeats_no_search_attribute_and_records_no_patch(
     order placed and validated in one activity, and the order ready at once
     finalized with the attributes unchanged. Shown red: with ``_shown_at_start``
     returning None the upserts were PENDING, ACTIVE; with ``_publish`` ignoring
-    ``attributes_held``, PROVISIONING, ACTIVE. A client starting without a design
-    adds a ``core_patch`` marker and its ``TemporalChangeVersion`` upsert."""
+    ``attributes_held``, PROVISIONING, ACTIVE; with ``_begin_renewal`` not
+    holding them, the renewal's RENEWING, ACTIVE. A client starting without a design adds a ``core_patch`` marker and
+    its ``TemporalChangeVersion`` upsert."""
     hostname = deployment.hostname("one-upsert")
     tenant = f"tenant-upsert-{uuid.uuid4().hex[:8]}"
     await client.request([hostname], tenant_id=tenant)
     assert (await client.wait([hostname], 60))[hostname].status == "ACTIVE"  # type: ignore[union-attr]
 
-    # The run after the issuance names the one it continued (the row is ACTIVE a
-    # moment before that run starts).
+    issuing = await _run_before_latest(client, hostname, None)
+    history = await client.temporal.get_workflow_handle(f"certificate:{hostname}", run_id=issuing).fetch_history()
+    assert _statuses_upserted(history) == ["ACTIVE"]
+    markers = [
+        e.marker_recorded_event_attributes.marker_name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+    ]
+    assert markers and "core_patch" not in markers  # the local activities' only
+    assert _activities(history) == ["order_and_validate", "finalize_and_store"]
+
+    # A renewal the CA grants at once shows ACTIVE next, never RENEWING.
+    await client.renew(hostname)
+    renewing = await _run_before_latest(client, hostname, issuing)
+    history = await client.temporal.get_workflow_handle(f"certificate:{hostname}", run_id=renewing).fetch_history()
+    assert "begin_renewal" in activities_run(history)
+    assert _statuses_upserted(history) == ["ACTIVE"]
+
+
+async def _run_before_latest(client: CertflowClient, hostname: str, not_this: str | None) -> str:
+    """The run the latest run of the hostname's workflow continued, once it is
+    another than ``not_this`` (the row is written a moment before the run hands
+    over)."""
     deadline = time.monotonic() + 30
     while True:
         latest = await client.handle(hostname).fetch_history()
-        first_run = latest.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
-        if first_run or time.monotonic() > deadline:
-            break
+        before = latest.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+        if before and before != not_this:
+            return before
+        assert time.monotonic() < deadline, "the run never continued as new"
         await asyncio.sleep(0.1)
-    assert first_run, "the issuing run never continued as new"
-    history = await client.temporal.get_workflow_handle(
-        f"certificate:{hostname}", run_id=first_run
-    ).fetch_history()
-    kinds = [e.event_type for e in history.events]
-    upserts = [
-        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+
+
+def _statuses_upserted(history: WorkflowHistory) -> list[str]:
+    return [
+        json.loads(
+            e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields[
+                "CertificateStatus"
+            ].data
+        )
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
-    assert [json.loads(u["CertificateStatus"].data) for u in upserts] == ["ACTIVE"]
-    assert EventType.EVENT_TYPE_MARKER_RECORDED in kinds  # the local activities'
-    assert all(
-        e.marker_recorded_event_attributes.marker_name != "core_patch"
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-    )
-    assert [
+
+
+def _activities(history: WorkflowHistory) -> list[str]:
+    return [
         e.activity_task_scheduled_event_attributes.activity_type.name
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ] == ["order_and_validate", "finalize_and_store"]
+    ]
