@@ -537,13 +537,19 @@ async def _check_invariants(
     # invalid challenge), and the diagnosis below looks hostnames up among these. Not
     # charged either: a Postgres outage (StoreUnavailableError's message).
     waves_hostnames = set(hostnames)
-    charged = collections.Counter(
-        event["hostname"]
+    charged_events = [
+        event
         for event in events
         if event["hostname"] in waves_hostnames
         and event["error_code"] in CHARGED_CODES
         and not re.fullmatch(r"\w+ failed: activity \w+ timeout", str(event["message"]))
         and not str(event["message"]).startswith("Postgres did not answer: ")
+    ]
+    charged = collections.Counter(event["hostname"] for event in charged_events)
+    # Why, with URLs and numbers taken out, so alike failures count together.
+    charged_why = collections.Counter(
+        re.sub(r"https?://\S+|[0-9a-f-]{8,}|\d+", "#", f"{e['error_code']}: {e['message']}")[:160]
+        for e in charged_events
     )
     for event in events:
         if event["to_status"] == "ACTIVE":
@@ -552,7 +558,16 @@ async def _check_invariants(
             failed_at[event["hostname"]].append(event["at"].timestamp())
     failed = {h: len(failed_at[h]) for h in hostnames}
     if sum(failed.values()):
-        problems.append(f"FAILED transitions: {sum(failed.values())} (a disruption must never fail a certificate)")
+        # Each FAILED hostname with the failures its budget was charged for, as the
+        # row recorded them: what to look at first.
+        why = {
+            h: [f"{e['at']:%H:%M:%S.%f} {e['error_code']}: {e['message']}" for e in events
+                if e["hostname"] == h and e["error_code"] in CHARGED_CODES]
+            for h, n in failed.items() if n
+        }
+        problems.append(
+            f"FAILED transitions: {sum(failed.values())} (a disruption must never fail a certificate): {why}"
+        )
     sent, created, hits = {}, {}, {}
     # Only kills and the Postgres restart can cost an order (a Temporal restart loses
     # no order: place_order finds the one it persisted, SPEC §7), and only while the
@@ -635,6 +650,7 @@ async def _check_invariants(
         "failed attempts charged per hostname (max/hostnames charged)": (
             max(charged.values(), default=0), len(charged)
         ),
+        "charged failures, by what the row says": dict(charged_why.most_common()),
         "unexpected worker exits": len(chaos.unexpected_exits),
         "chaos phase seconds": round(chaos_seconds, 1),
         "time to all ACTIVE seconds": round(active_seconds, 1),

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 
 from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
+from workflows.steps import ORDER_AND_VALIDATE_RETRY
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
@@ -511,11 +512,11 @@ async def test_a_postgres_outage_does_not_spend_the_budget(
         await run.cancel()
 
 
-def order_persisted_then_lost(fakes: Fakes) -> Callable[[int, object], Awaitable[object]]:
+def order_persisted_then_lost(fakes: Fakes, tries: int = 4) -> Callable[[int, object], Awaitable[object]]:
     """place_order's first try opens an order and commits it to the row, then meets a
-    short fault; the next two fail before reading the row (Postgres away), and the
-    last stalls without a heartbeat until Temporal times it out (a SIGKILLed
-    worker's): the row holds an order the workflow never heard of."""
+    short fault; the next ones fail before reading the row (Postgres away), and the
+    last of the step's ``tries`` stalls without a heartbeat until Temporal times it
+    out (a SIGKILLed worker's): the row holds an order the workflow never heard of."""
 
     async def behaviour(index: int, _: object) -> object:
         if index == 0:
@@ -523,9 +524,9 @@ def order_persisted_then_lost(fakes: Fakes) -> Callable[[int, object], Awaitable
             fakes.row.status = CertificateStatus.PROVISIONING
             fakes.row.order_url = order(fakes.orders_created).order_url
             fakes.row.challenge_url = order(fakes.orders_created).challenge_url
-        if index < 3:
+        if index < tries - 1:
             raise app_error(ErrorCode.ACME_TEMPORARY, "badNonce", non_retryable=False)
-        if index == 3:
+        if index == tries - 1:
             await asyncio.Event().wait()  # until the worker shuts down
         return DEFAULT
 
@@ -570,9 +571,11 @@ async def test_a_lost_order_and_validate_keeps_the_order_it_placed(
     is the design before's (PENDING, the order cleared) and a second order is
     created."""
     fakes = Fakes(workflow_env)
-    fakes.behaviours["place_order"] = order_persisted_then_lost(fakes)
+    tries = ORDER_AND_VALIDATE_RETRY.maximum_attempts
+    fakes.behaviours["place_order"] = order_persisted_then_lost(fakes, tries)
     async with started(workflow_env, fakes) as run:
         await run.until_active(advance=10)
+        assert len(fakes.of("place_order")) == tries  # every try; the next attempt validates the kept order
         assert [as_tuple(o) for o in fakes.outcomes()] == [
             (PROVISIONING, 0, True, ErrorCode.ACME_TEMPORARY)
         ]
