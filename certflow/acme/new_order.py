@@ -21,10 +21,11 @@ from temporalio import activity
 from certflow.acme.client import classify_acme_failure
 from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
 from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
-from certflow.acme.slots import NoOrderSlotError, order_slot
+from certflow.acme.slots import HeldBack, NoOrderSlotError, order_slot
 from certflow.activity_payloads import OpenedOrder, PlaceOrderInput, PlacedOrder
 from certflow.errors import AcmeProblemError, ErrorCode, ProvisioningError
-from certflow.models import LimitScope, OrderKind, ValidationMethod
+from certflow.hostnames import registered_domain
+from certflow.models import Cooldown, LimitScope, OrderKind, ValidationMethod
 from certflow.store import accounts, attempts, certificates, cooldowns
 
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
@@ -55,19 +56,19 @@ class NewOrders(IssuerExchange):
         order back; at most ``max_orders_in_flight`` at a time for the account. A
         renewal names the certificate it replaces (RFC 9773 §5) when the CA takes
         it; refused, it is sent once more without."""
-        await self._raise_if_held(hostname, kind)
         replaces = None
         if kind is not OrderKind.NEW and certificate_id is not None:
             replaces = await self._replaces(certificate_id)
         try:
+            # Each try at a slot reads the cooldowns in the same statement: one that
+            # holds this order back refuses it, before a slot or while waiting for one.
             async with order_slot(
                 self._pool,
                 self._directory_url,
                 self._pacing.max_orders_in_flight,
                 timeout=ORDER_SLOT_WAIT,
-            ) as slot:
-                if slot.waited:  # a refusal may have come while this order waited
-                    await self._raise_if_held(hostname, kind)
+                held_back=HeldBack(hostname, registered_domain(hostname), kind, self._refuse),
+            ):
                 return await self._send_new_order(hostname, replaces, certificate_id, methods)
         except NoOrderSlotError as err:
             raise AcmeProblemError(
@@ -76,10 +77,11 @@ class NewOrders(IssuerExchange):
                 retry_after_seconds=BUSY_SLOTS_RETRY_SECONDS,
             ) from None
 
-    async def _raise_if_held(self, hostname: str, kind: OrderKind) -> None:
-        """ACME_RATE_LIMITED when a cooldown in a scope that applies holds this kind of
-        order back: nothing is sent into a bucket known to be empty."""
-        held = cooldowns.longest(await self._cooldowns_for(hostname, kind))
+    @staticmethod
+    def _refuse(holding: list[Cooldown]) -> None:
+        """ACME_RATE_LIMITED for the longest of the cooldowns that hold this order
+        back: nothing is sent into a bucket known to be empty."""
+        held = cooldowns.longest(holding)
         if held is None:
             return
         remaining = max(0.0, held.until.timestamp() - time.time())

@@ -8,6 +8,8 @@ from that limit (renewals, :func:`holds`). A cooldown only ever extends.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -33,6 +35,14 @@ def holds(limit_name: str, kind: OrderKind) -> bool:
 
 
 _COLUMNS = "directory_url, scope, scope_key, limit_name, until, problem_type, detail"
+_IN_FORCE_FOR = """
+    FROM acme_cooldowns
+    WHERE directory_url = $1 AND until > now()
+      AND (scope = 'account'
+           OR (scope = 'registered_domain' AND scope_key = $3)
+           OR (scope = 'hostname' AND scope_key = $2))
+"""
+"""The cooldowns in force at a CA ($1) for a hostname ($2) and its registered domain ($3)."""
 
 
 def _cooldown(row: asyncpg.Record) -> Cooldown:
@@ -49,19 +59,41 @@ async def applicable_cooldowns(
     """The cooldowns in force that hold back a new order of this kind for hostname
     (the account's, its registered domain's, its own), longest first."""
     rows = await pool.fetch(
-        f"""
-        SELECT {_COLUMNS} FROM acme_cooldowns
-        WHERE directory_url = $1 AND until > now()
-          AND (scope = 'account'
-               OR (scope = 'registered_domain' AND scope_key = $3)
-               OR (scope = 'hostname' AND scope_key = $2))
-        ORDER BY until DESC
-        """,
+        f"SELECT {_COLUMNS} {_IN_FORCE_FOR} ORDER BY until DESC",
         directory_url,
         hostname,
         registered_domain,
     )
     return [c for c in map(_cooldown, rows) if holds(c.limit_name, kind)]
+
+
+async def try_order_slot(
+    conn: asyncpg.Connection,
+    directory_url: str,
+    slots: int,
+    hostname: str,
+    registered_domain: str,
+    kind: OrderKind,
+) -> tuple[int | None, list[Cooldown]]:
+    """One try at one of the account's new-order slots (a session advisory lock
+    held by ``conn``: certflow/acme/slots.py), in the statement that reads the
+    cooldowns in force that hold back this kind of order for hostname: the slot
+    taken (None: all taken) and those cooldowns, longest first. A slot taken while
+    one holds is the caller's to let go."""
+    row = await conn.fetchrow(
+        f"""
+        SELECT (SELECT s FROM generate_series(0, $4 - 1) AS s
+                WHERE pg_try_advisory_lock(hashtext($1), s) LIMIT 1) AS slot,
+               (SELECT coalesce(json_agg(c ORDER BY c.until DESC), '[]')
+                FROM (SELECT {_COLUMNS} {_IN_FORCE_FOR}) AS c) AS cooldowns
+        """,
+        directory_url,
+        hostname,
+        registered_domain,
+        slots,
+    )
+    found = [Cooldown.model_validate(c) for c in json.loads(row["cooldowns"])]
+    return row["slot"], [c for c in found if holds(c.limit_name, kind)]
 
 
 async def extend_cooldown(

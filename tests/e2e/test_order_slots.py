@@ -14,8 +14,12 @@ from collections.abc import Callable
 
 import pytest
 
-from certflow.acme.slots import order_slot
-from certflow.store.db import create_pool
+import asyncpg
+
+from certflow.acme.slots import HeldBack, order_slot
+from certflow.models import Cooldown, LimitScope, OrderKind
+from certflow.store import cooldowns
+from certflow.store.db import create_pool, migrate
 
 pytestmark = pytest.mark.e2e
 
@@ -53,3 +57,64 @@ async def test_waiters_for_a_slot_leave_the_pool_to_others(new_database: Callabl
     finally:
         release.set()
         await pool.close()
+
+
+class Refused(Exception):
+    pass
+
+
+def _refuse(holding: list[Cooldown]) -> None:
+    raise Refused([c.limit_name for c in holding])
+
+
+async def test_a_cooldown_read_with_the_slot_refuses_the_order_and_frees_the_slot(
+    new_database: Callable[[], str],
+) -> None:
+    """Each try at a slot reads the cooldowns in the same statement
+    (``cooldowns.try_order_slot``): one in force for the hostname's registered
+    domain refuses a new order, whether or not a slot was free, and the slot taken
+    is let go at once; a renewal's exempt limit refuses nothing. A cooldown
+    recorded while an order waits for a slot refuses it at its next try. Shown
+    red: with ``slots._try`` not letting the slot go before ``refuse``, Postgres
+    still showed the advisory lock held after the refusal."""
+    pool = await create_pool(new_database(), max_size=3)
+    await migrate(pool)
+    new = HeldBack("a.example.com", "example.com", OrderKind.NEW, _refuse)
+    renewal = HeldBack("a.example.com", "example.com", OrderKind.RENEWAL, _refuse)
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with order_slot(pool, DIRECTORY, 1, timeout=30):
+            holding.set()
+            await release.wait()
+
+    try:
+        held = asyncio.create_task(holder())
+        await asyncio.wait_for(holding.wait(), 10)
+        tried = asyncio.Event()
+        waiting = asyncio.create_task(_order(pool, new, timeout=30, waiting=tried.set))
+        await asyncio.wait_for(tried.wait(), 10)  # it tried, found the one slot taken, waits
+        await cooldowns.extend_cooldown(
+            pool, DIRECTORY, LimitScope.REGISTERED_DOMAIN, "example.com",
+            "CertificatesPerDomain", 60, None, None,
+        )
+        with pytest.raises(Refused, match="CertificatesPerDomain"):
+            await asyncio.wait_for(waiting, 10)  # at its next try, no slot needed
+        release.set()
+        await held
+        with pytest.raises(Refused):
+            await _order(pool, new, timeout=1)  # a slot is free: taken, then let go
+        # Asked of Postgres: a session that kept the lock would take it again itself.
+        assert await pool.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+        assert await _order(pool, renewal, timeout=1) is True  # exempt: the slot is free
+    finally:
+        release.set()
+        await pool.close()
+
+
+async def _order(
+    pool: asyncpg.Pool, held_back: HeldBack, timeout: float, waiting: Callable[[], None] = lambda: None
+) -> bool:
+    async with order_slot(pool, DIRECTORY, 1, timeout=timeout, waiting=waiting, held_back=held_back):
+        return True

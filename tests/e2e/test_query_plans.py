@@ -189,6 +189,7 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     await attempts.current_certificate_pem(db, cert_id)
     await attempts.order_kind(db, hostname)
     await cooldowns.applicable_cooldowns(db, "https://ca.test/dir", hostname, "t254.test", OrderKind.NEW)
+    await cooldowns.try_order_slot(db, "https://ca.test/dir", 2, hostname, "t254.test", OrderKind.NEW)
     # The responder and the product's reads.
     await challenges.challenge_key_authorization(db, "tok4240", pending)
     await requests.certificate_state(db, hostname)
