@@ -74,7 +74,11 @@ class CertificateStarts:
                 )
                 return
             except RPCError as err:
-                if not self._with_attributes or err.status is not RPCStatusCode.INVALID_ARGUMENT:
+                # "Namespace … has no mapping defined for search attribute …"
+                unregistered = (
+                    err.status is RPCStatusCode.INVALID_ARGUMENT and "search attribute" in err.message
+                )
+                if not self._with_attributes or not unregistered:
                     raise
                 log.warning("starting without search attributes: %s", err.message)
                 self._with_attributes = False

@@ -26,22 +26,24 @@ pytestmark = pytest.mark.e2e
 DIRECTORY = "https://ca.test/directory"
 
 
+async def _hold_the_slot(pool: asyncpg.Pool, holding: asyncio.Event, release: asyncio.Event) -> None:
+    """Hold the account's one slot until ``release``."""
+    async with order_slot(pool, DIRECTORY, 1, timeout=30):
+        holding.set()
+        await release.wait()
+
+
 async def test_waiters_for_a_slot_leave_the_pool_to_others(new_database: Callable[[], str]) -> None:
     pool = await create_pool(new_database(), max_size=2)
     holding = asyncio.Event()
     release = asyncio.Event()
-
-    async def holder() -> None:
-        async with order_slot(pool, DIRECTORY, 1, timeout=30):
-            holding.set()
-            await release.wait()
 
     async def waiter() -> bool:
         async with order_slot(pool, DIRECTORY, 1, timeout=30) as slot:
             return slot.waited
 
     try:
-        held = asyncio.create_task(holder())
+        held = asyncio.create_task(_hold_the_slot(pool, holding, release))
         await asyncio.wait_for(holding.wait(), 10)
         waiters = [asyncio.create_task(waiter()) for _ in range(3)]
         await asyncio.sleep(0)  # let them start trying
@@ -84,13 +86,8 @@ async def test_a_cooldown_read_with_the_slot_refuses_the_order_and_frees_the_slo
     holding = asyncio.Event()
     release = asyncio.Event()
 
-    async def holder() -> None:
-        async with order_slot(pool, DIRECTORY, 1, timeout=30):
-            holding.set()
-            await release.wait()
-
     try:
-        held = asyncio.create_task(holder())
+        held = asyncio.create_task(_hold_the_slot(pool, holding, release))
         await asyncio.wait_for(holding.wait(), 10)
         tried = asyncio.Event()
         waiting = asyncio.create_task(_order(pool, new, timeout=30, waiting=tried.set))
