@@ -567,9 +567,9 @@ async def test_a_lost_order_and_validate_keeps_the_order_it_placed(
     activity placed; the attempt is not charged, the order is kept, and the next
     attempt validates it: one order in all, no PENDING row holding one.
 
-    Shown red: without the re-read in ``Obtaining._order_and_validate`` the outcome
-    is the design before's (PENDING, the order cleared) and a second order is
-    created."""
+    Shown red: without the re-read in ``Obtaining._order_and_validate`` the order
+    was cleared with the attempt and the next one placed a second (nine
+    place_order calls, two orders)."""
     fakes = Fakes(workflow_env)
     tries = ORDER_AND_VALIDATE_RETRY.maximum_attempts
     fakes.behaviours["place_order"] = order_persisted_then_lost(fakes, tries)
