@@ -76,7 +76,7 @@ knows it: everything of FEWER_ROUND_TRIPS_DESIGN, and
   fails or polls again shows its row before it waits.
 
 Ten history events fewer per issuance (30 → 20), a workflow task and an activity
-task fewer; two events and one billable upsert fewer per renewal."""
+task fewer; seven events, and one billable upsert and one activity, fewer per renewal."""
 RENEW_NEXT_RUN_PATCH = "renew-next-run"
 """A ``renew`` signal, or a transfer's renewal, that reaches the run which has just
 issued (phase ISSUED, handing over to the run that waits for the renewal time) is
