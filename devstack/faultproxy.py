@@ -410,6 +410,7 @@ RATE_LIMITS_HELP_LINK = '<https://letsencrypt.org/docs/rate-limits>;rel="help"'
 """Boulder's ``Link`` on a rate-limit answer (wfe2/wfe.go sendError: ``link(
 "https://letsencrypt.org/docs/rate-limits", "help")``, no trailing slash)."""
 RATE_LIMITED = "urn:ietf:params:acme:error:rateLimited"
+MALFORMED = "urn:ietf:params:acme:error:malformed"
 
 NEW_ORDERS_PER_ACCOUNT = "NewOrdersPerAccount"
 CERTIFICATES_PER_DOMAIN = "CertificatesPerDomain"
@@ -923,14 +924,20 @@ class _Limits:
 class _ValidationFailures:
     """Validations the proxy makes fail as Boulder's VA would report them: after the
     accept of a listed hostname's challenge, its authorization, challenge and order
-    read ``invalid``, the challenge carrying the problem (Pebble's own validation
-    result is hidden; the order never becomes ready)."""
+    read ``invalid``, the challenge carrying the problem.
+
+    That accept never reaches Pebble (:meth:`held_accept` answers it), so Pebble
+    never validates the authorization behind the proxy's back: a valid one there
+    could come back in a later order (Pebble reuses valid authorizations, even at
+    ``PEBBLE_AUTHZREUSE=0`` one time in a hundred), where Boulder never reuses an
+    invalid one."""
 
     def __init__(self) -> None:
         # hostname → (problem document, seconds the validation takes)
         self.problems: dict[str, tuple[dict[str, Any], float]] = {}
         self._authz_of: dict[str, tuple[str, str]] = {}  # challenge path → (authz path, hostname)
         self._failed: dict[str, tuple[dict[str, Any], float]] = {}  # authz path → (problem, when)
+        self._challenges: dict[str, dict[str, Any]] = {}  # challenge path → as Pebble showed it
 
     def _verdict(self, authz_path: str) -> dict[str, Any] | None:
         """The failed validation's problem once it is over; None while it runs (the
@@ -938,9 +945,40 @@ class _ValidationFailures:
         problem, when = self._failed[authz_path]
         return problem if time.monotonic() >= when else None
 
-    def rewrite(
-        self, endpoint: Endpoint, method: str, path: str, body: bytes | None, data: bytes
-    ) -> bytes:
+    def held_accept(
+        self, endpoint: Endpoint, method: str, path: str, body: bytes | None
+    ) -> tuple[int, dict[str, Any], str] | None:
+        """The answer (status, JSON document, the authorization's URL) to an accept
+        kept from Pebble: one that starts a failing validation, or any later accept
+        of a challenge whose validation fails. While it runs the challenge reads
+        ``pending``; once over, a new accept gets Boulder's answer for an
+        authorization no longer pending (ra.go PerformValidation). None: forward."""
+        if endpoint is not Endpoint.CHALLENGE or method != "POST" or _jws_payload(body) != b"{}":
+            return None
+        request_path = urllib.parse.urlsplit(path).path
+        found = self._authz_of.get(request_path)
+        challenge = self._challenges.get(request_path)
+        if found is None or challenge is None:
+            return None
+        authz_path, hostname = found
+        authz_url = urllib.parse.urlsplit(str(challenge.get("url", "")))._replace(path=authz_path).geturl()
+        if authz_path in self._failed:
+            over = self._verdict(authz_path) is not None
+        elif hostname in self.problems:
+            problem, takes = self.problems[hostname]
+            self._failed[authz_path] = (problem, time.monotonic() + takes)
+            over = False  # the validation starts: the CA answers before it ends
+        else:
+            return None
+        if over:
+            detail = "Unable to update challenge :: authorization must be pending"
+            return 400, {"type": MALFORMED, "detail": detail, "status": 400}, authz_url
+        shown = dict(challenge, status="pending")
+        shown.pop("validated", None)
+        return 200, shown, authz_url
+
+    def rewrite(self, endpoint: Endpoint, path: str, data: bytes) -> bytes:
+        """Pebble's answer as the failed validations show it."""
         if not self.problems and not self._failed:
             return data
         try:
@@ -956,6 +994,7 @@ class _ValidationFailures:
                 for challenge in document.get("challenges") or []:
                     url_path = urllib.parse.urlsplit(str(challenge.get("url", ""))).path
                     self._authz_of[url_path] = (request_path, hostname)
+                    self._challenges[url_path] = dict(challenge)
             if request_path not in self._failed:
                 return data
             problem = self._verdict(request_path)
@@ -972,11 +1011,7 @@ class _ValidationFailures:
             found = self._authz_of.get(request_path)
             if found is None:
                 return data
-            authz_path, hostname = found
-            accept = method == "POST" and _jws_payload(body) == b"{}"
-            if accept and authz_path not in self._failed and hostname in self.problems:
-                problem, takes = self.problems[hostname]
-                self._failed[authz_path] = (problem, time.monotonic() + takes)
+            authz_path, _ = found
             if authz_path not in self._failed:
                 return data
             verdict = self._verdict(authz_path)
@@ -1157,8 +1192,10 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception:  # a test's callback must never break the proxy
                 logger.exception("faultproxy before_forwarding callback for %s failed", endpoint)
         created = False
+        with state.lock:
+            held = state.validation_failures.held_accept(endpoint, self.command, self.path, body)
         try:
-            response = self._forward(endpoint, body)
+            response = self._forward(endpoint, body) if held is None else self._answer_held(*held)
             created = response[0] == 201
         except (OSError, http.client.HTTPException) as exc:
             logger.warning("%s %s: Pebble did not answer: %r", self.command, self.path, exc)
@@ -1170,7 +1207,8 @@ class _Handler(BaseHTTPRequestHandler):
                     state.limits.settle(verdict, created)
         status, reason, headers, data = response
         with state.lock:
-            data = state.validation_failures.rewrite(endpoint, self.command, self.path, body, data)
+            if held is None:
+                data = state.validation_failures.rewrite(endpoint, self.path, data)
             response = (status, reason, headers, data)
             state.limits.observe(endpoint, body, self.path, status, headers, data)
         if renewal_info is not None and endpoint is Endpoint.DIRECTORY and self.command == "GET":
@@ -1272,6 +1310,18 @@ class _Handler(BaseHTTPRequestHandler):
             return resp.status, resp.reason, resp.getheaders(), data
         finally:
             conn.close()
+
+    def _answer_held(
+        self, status: int, document: dict[str, Any], authz_url: str
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """An accept answered here as Pebble would (wfe.go updateChallenge: the
+        challenge, Link up to its authorization) or, refused, as Boulder would."""
+        content_type = "application/json" if status == 200 else "application/problem+json"
+        headers = [("Content-Type", f"{content_type}; charset=utf-8"), ("Link", f'<{authz_url}>;rel="up"')]
+        nonce = self.server.fresh_nonce()
+        if nonce is not None:
+            headers.append(("Replay-Nonce", nonce))
+        return status, http.HTTPStatus(status).phrase, headers, json.dumps(document, indent=3).encode()
 
     def _relay(
         self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes

@@ -441,7 +441,8 @@ def start_pebble(
 ) -> PebbleStack:
     """Start pebble-challtestsrv and Pebble (resolving through it) in ``workdir``.
 
-    ``authz_reuse_percent=None`` keeps Pebble's default (50 %).
+    ``authz_reuse_percent=None`` keeps Pebble's default (50 %); 0 still reuses a
+    valid authorization one time in a hundred (wfe.go: ``rand.Intn(100) > percent``).
     ``va_always_valid`` makes Pebble accept every challenge without checking.
     ``http01_port``: where Pebble's VA fetches HTTP-01 challenges (a free port by
     default; a second Pebble given the first one's validates against the same

@@ -294,6 +294,54 @@ def test_full_issuance_through_proxy(pebble: PebbleStack, proxy: FaultProxy) -> 
     assert proxy.count(Endpoint.DIRECTORY) == proxy.count(Endpoint.OTHER) == 0
 
 
+def test_a_failed_validation_never_comes_back_in_a_later_order(
+    pebble: PebbleStack, proxy: FaultProxy
+) -> None:
+    """A validation the proxy fails is Boulder's: the challenge reads pending, then
+    its authorization invalid with the problem; a second accept gets Boulder's
+    "authorization must be pending"; and no later order is handed that
+    authorization (Boulder never reuses an invalid one). Red with the failing accept
+    forwarded to Pebble, as before: its answer read invalid at once; with only that
+    assertion dropped, Pebble (always valid here) had validated the authorization
+    behind the proxy and, at its 50 % reuse, the second later order came back with
+    it. In the real-DNS tests Pebble reuses at ``PEBBLE_AUTHZREUSE=0`` too, one
+    order in a hundred (wfe.go: ``rand.Intn(100) > percent``): case 10's second
+    order then read the CAA refusal again (two CI runs red)."""
+    acme = _acme(pebble, proxy.directory_url)
+    host = "refused.example.com"
+    detail = "While processing CAA for refused.example.com: CAA record for example.com prevents issuance"
+    proxy.fail_validation(host, "urn:ietf:params:acme:error:caa", detail)
+    try:
+        order = acme.client.new_order(_csr(host))
+        [authz] = order.authorizations
+        challenge = next(c for c in authz.body.challenges if c.chall.typ == "http-01")
+        accepted = acme.client.answer_challenge(challenge, challenge.response(acme.client.net.key))
+        assert accepted.body.status == messages.STATUS_PENDING
+        assert accepted.authzr_uri == authz.uri
+        failed, _ = acme.client.poll(authz)
+        assert failed.body.status == messages.STATUS_INVALID
+        [shown] = [c for c in failed.body.challenges if c.chall.typ == "http-01"]
+        assert shown.error is not None and shown.error.typ.endswith(":caa") and shown.error.detail == detail
+        with pytest.raises(messages.Error) as again:
+            acme.client.answer_challenge(challenge, challenge.response(acme.client.net.key))
+        assert again.value.typ.endswith(":malformed") and again.value.detail is not None
+        assert "authorization must be pending" in again.value.detail
+    finally:
+        proxy.pass_validation(host)
+    for _ in range(8):
+        later = acme.client.new_order(_csr(host))
+        [fresh] = later.authorizations
+        assert fresh.uri != authz.uri
+        assert fresh.body.status == messages.STATUS_PENDING
+
+
+def _csr(host: str) -> bytes:
+    key_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return crypto_util.make_csr(key_pem, [host])
+
+
 def test_each_fault_taken_is_put_down_to_its_hostname(pebble: PebbleStack, proxy: FaultProxy) -> None:
     """Two hostnames' orders; faults on new-order, the authorization, the challenge,
     finalize and the certificate download are each put down to the hostname whose
