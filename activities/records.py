@@ -68,6 +68,11 @@ class RecordActivities:
         with InvalidHostnameError. A name a workflow already ran for is never refused
         (a newer IDNA mapping must not end a live certificate)."""
         refusal = _refusal(input.hostname)
+        requested = input.requested
+        if refusal is None and requested is not None and self._as_requested(input, requested):
+            # The workflow is marked as run (reconcile's cue) by the attempt's first
+            # write instead: its try at an order slot, or its failure.
+            return EnsureCertificateResult(record=requested, policy=self._policy)
         if refusal is not None and not await certificates.run_before(self._pool, input.hostname):
             raise ApplicationError(
                 str(refusal), type=FailureType.INVALID_HOSTNAME, non_retryable=True
@@ -76,6 +81,20 @@ class RecordActivities:
             self._pool, input.hostname, input.tenant_id, self._managed_base_domain, input.method
         )
         return EnsureCertificateResult(record=record, policy=self._policy)
+
+    def _as_requested(self, input: EnsureCertificateInput, requested: CertificateRecord) -> bool:
+        """Whether the row a request has just written is the row as a read would
+        return it: the same hostname and method, and no managed-domain lookup due
+        (``skips_dns``)."""
+        base = self._managed_base_domain
+        managed = base is not None and (
+            input.hostname == base or input.hostname.endswith(f".{base}")
+        )
+        return (
+            requested.hostname == input.hostname
+            and input.method in (None, requested.requested_method)
+            and not managed
+        )
 
     @activity.defn(name="give_up")
     async def give_up(self, input: GiveUpInput) -> Transition:

@@ -58,6 +58,8 @@ class EnsureCertificateInput(Frozen):
     tenant_id: str | None = None
     method: RequestedMethod | None = None
     """The validation method a backend's workflow input asked for (None: the row's)."""
+    requested: CertificateRecord | None = None
+    """The row a request has just written (CertificateInput.requested)."""
 
 
 class EnsureCertificateResult(Frozen):

@@ -140,15 +140,15 @@ class CertflowClient:
                     raise InvalidHostnameError(
                         hostname, "a wildcard is validated over DNS only (dns-01 or dns-persist-01)"
                     )
-        refused = await requests.request_certificates(self.pool, unique, tenant_id, method)
-        if refused:
-            raise HostnameOwnedError(refused)
+        requested = await requests.request_certificates(self.pool, unique, tenant_id, method)
+        if requested.refused:
+            raise HostnameOwnedError(requested.refused)
         # Starts are independent round trips to Temporal: a few at a time.
         slots = asyncio.Semaphore(START_CONCURRENCY)
 
         async def start(hostname: Hostname) -> None:
             async with slots:
-                await self._starts.start(hostname, tenant_id, method)
+                await self._starts.start(hostname, tenant_id, method, requested.rows.get(hostname))
 
         await asyncio.gather(*(start(h) for h in unique))
         return unique

@@ -19,17 +19,23 @@ from temporalio.service import RPCError, RPCStatusCode
 from certflow import search
 from certflow.contract import CERTIFICATE_DESIGN, CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import Hostname
-from certflow.models import CertificateStatus, RequestedMethod
+from certflow.models import CertificateRecord, CertificateStatus, RequestedMethod
 from certflow.workflow_payloads import CertificateInput
 
 log = logging.getLogger(__name__)
 
 
 def certificate_input(
-    hostname: Hostname, tenant_id: str | None, method: RequestedMethod | None = None
+    hostname: Hostname,
+    tenant_id: str | None,
+    method: RequestedMethod | None = None,
+    requested: CertificateRecord | None = None,
 ) -> CertificateInput:
-    """The Certificate workflow's input as certflow starts it."""
-    return CertificateInput(hostname=hostname, tenant_id=tenant_id, method=method, design=CERTIFICATE_DESIGN)
+    """The Certificate workflow's input as certflow starts it (``requested``: the
+    row a request has just written)."""
+    return CertificateInput(
+        hostname=hostname, tenant_id=tenant_id, method=method, design=CERTIFICATE_DESIGN, requested=requested
+    )
 
 
 def requested_attributes(hostname: Hostname, tenant_id: str | None) -> TypedSearchAttributes:
@@ -56,14 +62,19 @@ class CertificateStarts:
         not register them either, and its workflows run without them)."""
 
     async def start(
-        self, hostname: Hostname, tenant_id: str | None, method: RequestedMethod | None = None
+        self,
+        hostname: Hostname,
+        tenant_id: str | None,
+        method: RequestedMethod | None = None,
+        requested: CertificateRecord | None = None,
     ) -> None:
-        """Start the hostname's workflow unless one runs (then nothing changes)."""
+        """Start the hostname's workflow unless one runs (then nothing changes);
+        ``requested``, the row a request has just written, spares its first read."""
         while True:
             try:
                 await self._temporal.start_workflow(
                     CERTIFICATE_WORKFLOW,
-                    certificate_input(hostname, tenant_id, method),
+                    certificate_input(hostname, tenant_id, method, requested),
                     id=workflow_id_for(hostname),
                     task_queue=self._task_queue,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

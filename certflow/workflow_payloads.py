@@ -47,6 +47,9 @@ class CertificateInput(Frozen):
     """Set by certflow itself, at its starts (certflow/starts.py) and on
     continue-as-new: the design the workflow's runs follow (workflows/patches.py);
     None: decided by the first run (a start by other code)."""
+    requested: CertificateRecord | None = None
+    """Set by certflow's ``request`` only: the row it has just written, which the
+    first run takes instead of reading it (``ensure_certificate``)."""
 
 
 class CaaDisagreement(Frozen):

@@ -151,13 +151,19 @@ class CertificateBase:
         return await run(POSTGRES, activity, arg)
 
     async def _read_row(
-        self, tenant_id: str | None, method: RequestedMethod | None = None
+        self,
+        tenant_id: str | None,
+        method: RequestedMethod | None = None,
+        requested: CertificateRecord | None = None,
     ) -> None:
         """The row and the worker's policy, read (the row made if missing; a method
-        the workflow's input asked for becomes the row's)."""
+        the workflow's input asked for becomes the row's); ``requested``, the row a
+        request has just written, is taken as read."""
         ensured = await self._postgres(
             RecordActivities.ensure_certificate,
-            EnsureCertificateInput(hostname=self._state.hostname, tenant_id=tenant_id, method=method),
+            EnsureCertificateInput(
+                hostname=self._state.hostname, tenant_id=tenant_id, method=method, requested=requested
+            ),
         )
         self._set_record(ensured.record)
         self._state.policy = ensured.policy

@@ -73,7 +73,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
         if not self._state.after_issuance:
-            await self._read_row(input.tenant_id, input.method)
+            await self._read_row(input.tenant_id, input.method, input.requested)
         while True:
             record = self._record
             if self._state.stop is not None:

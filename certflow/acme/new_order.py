@@ -9,7 +9,8 @@ retried here rather than by the activity, which would open a second order.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from acme import messages
 from acme import client as acme_client
@@ -21,17 +22,19 @@ from temporalio import activity
 from certflow.acme.client import classify_acme_failure
 from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
 from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
-from certflow.acme.slots import HeldBack, NoOrderSlotError, order_slot
+from certflow.acme.slots import HeldBack, NoOrderSlotError, OrderSlot, order_slot
 from certflow.activity_payloads import OpenedOrder, PlaceOrderInput, PlacedOrder
 from certflow.errors import AcmeProblemError, ErrorCode, ProvisioningError
 from certflow.hostnames import registered_domain
-from certflow.models import Cooldown, LimitScope, OrderKind, ValidationMethod
-from certflow.store import accounts, attempts, certificates, cooldowns
+from certflow.models import CertificateRecord, Cooldown, LimitScope, OrderKind, ValidationMethod
+from certflow.store import accounts, attempts, certificates
 
 AUTHZ_FETCH_BUDGET = 8.0  # of create_order's 20 s
 ORDER_SLOT_WAIT = 10.0  # of place_order's 20 s
 BUSY_SLOTS_RETRY_SECONDS = 5.0
 REPLACES_FAILING_FOR_SECONDS = 3600.0
+
+T = TypeVar("T")
 
 
 class RenewalOrder(messages.NewOrder):
@@ -56,6 +59,17 @@ class NewOrders(IssuerExchange):
         order back; at most ``max_orders_in_flight`` at a time for the account. A
         renewal names the certificate it replaces (RFC 9773 §5) when the CA takes
         it; refused, it is sent once more without."""
+        return await self._ordered(hostname, kind, certificate_id, methods, _opened)
+
+    async def _ordered(
+        self,
+        hostname: str,
+        kind: OrderKind,
+        certificate_id: str | None,
+        methods: Sequence[ValidationMethod],
+        then: Callable[[OpenedOrder, OrderSlot], Awaitable[T]],
+    ) -> T:
+        """``new_order``, and ``then`` with the order while its slot is held."""
         replaces = None
         if kind is not OrderKind.NEW and certificate_id is not None:
             replaces = await self._replaces(certificate_id)
@@ -68,8 +82,9 @@ class NewOrders(IssuerExchange):
                 self._pacing.max_orders_in_flight,
                 timeout=ORDER_SLOT_WAIT,
                 held_back=HeldBack(hostname, registered_domain(hostname), kind, self._refuse),
-            ):
-                return await self._send_new_order(hostname, replaces, certificate_id, methods)
+            ) as slot:
+                order = await self._send_new_order(hostname, replaces, certificate_id, methods)
+                return await then(order, slot)
         except NoOrderSlotError as err:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_RATE_LIMITED,
@@ -80,10 +95,9 @@ class NewOrders(IssuerExchange):
     @staticmethod
     def _refuse(holding: list[Cooldown]) -> None:
         """ACME_RATE_LIMITED for the longest of the cooldowns that hold this order
-        back: nothing is sent into a bucket known to be empty."""
-        held = cooldowns.longest(holding)
-        if held is None:
-            return
+        back (``holding``: longest first, never empty): nothing is sent into a
+        bucket known to be empty."""
+        held = holding[0]
         remaining = max(0.0, held.until.timestamp() - time.time())
         where = "this account" if held.scope is LimitScope.ACCOUNT else f"{held.scope_key}"
         raise AcmeProblemError(
@@ -242,7 +256,9 @@ class NewOrders(IssuerExchange):
             if stored is not None:
                 return stored
         try:
-            order = await self.new_order(input.hostname, input.kind, input.certificate_id, input.methods)
+            order, row = await self._ordered(
+                input.hostname, input.kind, input.certificate_id, input.methods, self._persisting(input)
+            )
         except ProvisioningError:
             # The attempt's CA is on the row before the workflow waits on its
             # cooldowns (cooldown_remaining reads it); with an order, persisting it
@@ -252,23 +268,42 @@ class NewOrders(IssuerExchange):
                     self._pool, input.certificate_id, self.name, input.issuer_reason
                 )
             raise
-        # Committed before anything asks the CA to validate, so the responder can
-        # answer its first request.
-        reason = input.method_reason
-        if reason is not None and input.methods and order.method is not input.methods[0]:
-            reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
-        issuer = self.name if input.issuer is not None else None
-        row = await certificates.persist_challenge(
-            self._pool,
-            input.certificate_id,
-            order,
-            reason,
-            issuer,
-            input.issuer_reason,
-            self._managed_base_domain,
-        )
         if row is None:
             raise ProvisioningError(
                 code=ErrorCode.ACME_INVALID_ORDER, message="the certificate row moved on"
             )
         return PlacedOrder(**order.model_dump(), row=row)
+
+    def _persisting(
+        self, input: PlaceOrderInput
+    ) -> Callable[[OpenedOrder, OrderSlot], Awaitable[tuple[OpenedOrder, CertificateRecord | None]]]:
+        """place_order's row write, run on the order slot's connection: one
+        statement persists the challenge and lets go of the slot. Committed before
+        anything asks the CA to validate, so the responder can answer its first
+        request."""
+
+        async def persist(
+            order: OpenedOrder, slot: OrderSlot
+        ) -> tuple[OpenedOrder, CertificateRecord | None]:
+            reason = input.method_reason
+            if reason is not None and input.methods and order.method is not input.methods[0]:
+                reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
+            row = await certificates.persist_challenge(
+                slot.connection,
+                input.certificate_id,
+                order,
+                reason,
+                self.name if input.issuer is not None else None,
+                input.issuer_reason,
+                self._managed_base_domain,
+                let_go=(slot.directory_url, slot.number),
+            )
+            slot.let_go = True
+            return order, row
+
+        return persist
+
+
+async def _opened(order: OpenedOrder, slot: OrderSlot) -> OpenedOrder:
+    """create_order's ``then``: the order as opened (the slot is let go after)."""
+    return order

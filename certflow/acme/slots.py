@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from certflow.models import Cooldown, OrderKind
-from certflow.store import cooldowns
+from certflow.store import cooldowns, order_slots
 
 _FIRST_WAIT = 0.02
 _MAX_WAIT = 0.5
@@ -27,12 +27,18 @@ class NoOrderSlotError(CertflowError, TimeoutError):
     """Every slot stayed taken for the whole wait."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class OrderSlot:
-    """A slot held: its number, and whether its holder had to wait for it."""
+    """A slot held: its number, whether its holder had to wait for it, and the
+    session that holds it: a statement run there may let go of the slot on the way
+    (``order_slots.let_go``), and its caller then sets :attr:`let_go`."""
 
     number: int
     waited: bool
+    connection: asyncpg.Connection
+    directory_url: str
+    let_go: bool = False
+    """Let go already: the block's end has only the connection to give back."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +89,15 @@ async def order_slot(
         waited = True
         await asyncio.sleep(delay)
         delay = min(delay * 2, _MAX_WAIT)
+    held = OrderSlot(int(slot), waited, conn, directory_url)
     try:
-        yield OrderSlot(int(slot), waited)
+        yield held
     finally:
-        await _let_go(pool, conn, directory_url, slot)
+        try:
+            if not held.let_go:
+                await _unlock(conn, directory_url, slot)
+        finally:
+            await pool.release(conn)
 
 
 async def _try(
@@ -97,10 +108,7 @@ async def _try(
     let go before ``refuse`` raises."""
     if held_back is None:
         slot: int | None = await conn.fetchval(
-            "SELECT s FROM generate_series(0, $2 - 1) AS s"
-            " WHERE pg_try_advisory_lock(hashtext($1), s) LIMIT 1",
-            directory_url,
-            slots,
+            f"SELECT {order_slots.take_slot('$1', '$2')}", directory_url, slots
         )
         return slot
     slot, holding = await cooldowns.try_order_slot(
@@ -108,13 +116,10 @@ async def _try(
     )
     if holding:
         if slot is not None:
-            await conn.execute("SELECT pg_advisory_unlock(hashtext($1), $2)", directory_url, slot)
+            await _unlock(conn, directory_url, slot)
         held_back.refuse(holding)
     return slot
 
 
-async def _let_go(pool: asyncpg.Pool, conn: asyncpg.Connection, directory_url: str, slot: int) -> None:
-    try:
-        await conn.execute("SELECT pg_advisory_unlock(hashtext($1), $2)", directory_url, slot)
-    finally:
-        await pool.release(conn)
+async def _unlock(conn: asyncpg.Connection, directory_url: str, slot: int) -> None:
+    await conn.execute(f"SELECT {order_slots.let_go('$1', '$2')}", directory_url, slot)

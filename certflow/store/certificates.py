@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from certflow.store import order_slots
 from certflow.errors import ErrorCode
 from certflow.hostnames import Hostname
 from certflow.models import CertificateStatus, CertificateRecord, RequestedMethod
@@ -101,24 +102,26 @@ async def run_before(pool: asyncpg.Pool, hostname: str) -> bool:
     )
 
 async def persist_challenge(
-    pool: asyncpg.Pool,
+    db: asyncpg.Pool | asyncpg.Connection,
     certificate_id: str,
     order: OpenedOrder,
     method_reason: str | None = None,
     issuer: str | None = None,
     issuer_reason: str | None = None,
     managed_base_domain: str | None = None,
+    let_go: tuple[str, int] | None = None,
 ) -> CertificateRecord | None:
     """Record the open order and move PENDING → PROVISIONING (a renewal, RENEWING or
     EXPIRED, keeps its status); with ``issuer``, the attempt's CA too, as
-    ``attempts.choose_issuer`` records it (in the same statement).
+    ``attempts.choose_issuer`` records it (in the same statement). With
+    ``let_go`` (directory URL, slot), the same statement lets go of the order
+    slot ``db``, a connection, holds (certflow/acme/slots.py).
 
     Committed before the challenge is accepted, so the responder can answer the
     CA's first request. Returns the row as it left it; None when the row vanished
     or moved on.
     """
-    row = await pool.fetchrow(
-        f"""
+    statement = f"""
         UPDATE certificates AS c SET
             status = CASE WHEN status IN ('RENEWING', 'EXPIRED') THEN status
                           ELSE 'PROVISIONING' END,
@@ -134,7 +137,18 @@ async def persist_challenge(
           AND (status IN ('PENDING', 'RENEWING', 'EXPIRED') AND http_order_url IS NULL
                OR http_order_url = $5)
         RETURNING {record_columns("$11")}
-        """,
+    """
+    arguments: tuple[object, ...] = ()
+    if let_go is not None:
+        # One row whatever the update did, so the slot is let go of either way.
+        statement = f"""
+            WITH persisted AS ({statement})
+            SELECT persisted.*, {order_slots.let_go("$12", "$13")} AS let_go
+            FROM (SELECT) AS one LEFT JOIN persisted ON true
+        """
+        arguments = let_go
+    row = await db.fetchrow(
+        statement,
         certificate_id,
         order.token,
         order.key_authorization,
@@ -146,8 +160,9 @@ async def persist_challenge(
         issuer,
         issuer_reason,
         managed_base_domain,
+        *arguments,
     )
-    return record_of(row) if row is not None else None
+    return record_of(row) if row is not None and row["certificate_id"] is not None else None
 
 async def attempt_request(pool: asyncpg.Pool, hostname: Hostname) -> tuple[RequestedMethod, str | None]:
     """What the row asks of an attempt now: its validation method (``auto`` when no
@@ -201,6 +216,9 @@ async def record_failure(
             status = $2, ssl_retry_count = $3,
             provisioning_error = $4, provisioning_error_message = $5,
             ssl_last_attempt_at = now(), updated_at = now(),
+            -- A run that took its row from the request marks it here when its
+            -- first attempt fails before an order slot (reconcile's cue).
+            workflow_seen_at = coalesce(workflow_seen_at, now()),
             http_challenge_token = CASE WHEN $6 THEN http_challenge_token END,
             http_challenge_key_auth = CASE WHEN $6 THEN http_challenge_key_auth END,
             http_challenge_url = CASE WHEN $6 THEN http_challenge_url END,

@@ -17,6 +17,7 @@ import asyncpg
 
 from certflow.hostnames import Hostname, registered_domain
 from certflow.models import Cooldown, LimitScope, OrderKind
+from certflow.store import order_slots
 from certflow.store.attempts import order_kind
 
 
@@ -79,11 +80,18 @@ async def try_order_slot(
     held by ``conn``: certflow/acme/slots.py), in the statement that reads the
     cooldowns in force that hold back this kind of order for hostname: the slot
     taken (None: all taken) and those cooldowns, longest first. A slot taken while
-    one holds is the caller's to let go."""
+    one holds is the caller's to let go.
+
+    The same statement marks hostname's row as having had a workflow run, once: the
+    first write of a run that took its row from the request (reconcile's cue)."""
     row = await conn.fetchrow(
         f"""
-        SELECT (SELECT s FROM generate_series(0, $4 - 1) AS s
-                WHERE pg_try_advisory_lock(hashtext($1), s) LIMIT 1) AS slot,
+        WITH seen AS (
+            UPDATE certificates SET workflow_seen_at = now()
+            WHERE hostname = $2::citext AND workflow_seen_at IS NULL
+            RETURNING 1
+        )
+        SELECT {order_slots.take_slot("$1", "$4")} AS slot,
                (SELECT coalesce(json_agg(c ORDER BY c.until DESC), '[]')
                 FROM (SELECT {_COLUMNS} {_IN_FORCE_FOR}) AS c) AS cooldowns
         """,

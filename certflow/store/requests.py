@@ -4,13 +4,14 @@ what a client reads (state, lists, events)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
 from certflow.hostnames import Hostname
 from certflow.models import CertificateEvent, CertificateRecord, RequestedMethod
 from certflow.workflow_payloads import CertificateState
-from certflow.store.certificates import RECORD_COLUMNS, record_of
+from certflow.store.certificates import RECORD_COLUMNS, record_columns, record_of
 
 
 OWNED_ELSEWHERE = "refused: requested by another tenant"
@@ -51,19 +52,28 @@ async def transfer(
     return before, record_of(row)
 
 
+@dataclass(frozen=True)
+class Requested:
+    """What a request did: the hostnames refused, and each row it wrote as it left
+    it (``skips_dns`` not read: False), by hostname."""
+
+    refused: list[str]
+    rows: dict[str, CertificateRecord]
+
+
 async def request_certificates(
     pool: asyncpg.Pool,
     hostnames: Sequence[Hostname],
     tenant_id: str | None,
     method: RequestedMethod | None = None,
-) -> list[str]:
+) -> Requested:
     """Upsert the rows a product asks for, in one statement; a canceled one is
     requested again. A hostname of another tenant is refused: then nothing is
     written but an event on each such row, and their names are returned. A request
     without a tenant keeps the row's; a row without one takes the requester's. A
     request without a method keeps the row's (``auto`` for a new row)."""
-    refused: list[str] = await pool.fetchval(
-        """
+    found = await pool.fetch(
+        f"""
         WITH owned AS (
             SELECT id, hostname, status FROM certificates
             WHERE hostname = ANY($1::citext[]) AND $2::text IS NOT NULL
@@ -88,19 +98,24 @@ async def request_certificates(
             -- Also against a row another tenant inserted since ``owned`` was read.
             WHERE EXCLUDED.tenant_id IS NULL OR c.tenant_id IS NULL
                OR c.tenant_id = EXCLUDED.tenant_id
-            RETURNING c.hostname
+            RETURNING c.*
         )
-        SELECT CASE WHEN EXISTS (SELECT 1 FROM refused)
-                    THEN array(SELECT hostname::text FROM refused)
-                    ELSE array(SELECT h FROM unnest($1::text[]) AS h
-                               WHERE h::citext NOT IN (SELECT hostname FROM upserted)) END
+        SELECT outcome.refused, written.*
+        FROM (SELECT CASE WHEN EXISTS (SELECT 1 FROM refused)
+                          THEN array(SELECT hostname::text FROM refused)
+                          ELSE array(SELECT h FROM unnest($1::text[]) AS h
+                                     WHERE h::citext NOT IN (SELECT hostname FROM upserted))
+                     END AS refused) AS outcome
+        LEFT JOIN (SELECT {record_columns("NULL")} FROM upserted AS c) AS written ON true
         """,
         list(hostnames),
         tenant_id,
         OWNED_ELSEWHERE,
         None if method is None else str(method),
     )
-    return refused
+    refused: list[str] = found[0]["refused"]
+    rows = {r["hostname"]: record_of(r) for r in found if r["certificate_id"] is not None}
+    return Requested(refused, rows)
 
 _STATE_COLUMNS = """
     hostname::text AS hostname, tenant_id, status,

@@ -17,8 +17,10 @@ import pytest
 import asyncpg
 
 from certflow.acme.slots import HeldBack, order_slot
+from certflow.activity_payloads import OpenedOrder
+from certflow.hostnames import Hostname
 from certflow.models import Cooldown, LimitScope, OrderKind
-from certflow.store import cooldowns
+from certflow.store import certificates, cooldowns, requests
 from certflow.store.db import create_pool, migrate
 
 pytestmark = pytest.mark.e2e
@@ -115,3 +117,35 @@ async def _order(
 ) -> bool:
     async with order_slot(pool, DIRECTORY, 1, timeout=timeout, waiting=waiting, held_back=held_back):
         return True
+
+
+async def test_the_challenge_persisted_on_the_slot_lets_go_of_it(new_database: Callable[[], str]) -> None:
+    """place_order persists the challenge on the slot's connection, and that one
+    statement lets go of the slot (``persist_challenge(let_go=…)``), also when the
+    row has moved on and nothing is written; the block's end then only gives the
+    connection back. Asked of Postgres inside the block. Red with the unlock left
+    out of the statement: the advisory lock was still held after it."""
+    pool = await create_pool(new_database(), max_size=3)
+    await migrate(pool)
+    hostname = Hostname("slot.example.com")
+    row = (await requests.request_certificates(pool, [hostname], None)).rows[hostname]
+    order = OpenedOrder(
+        order_url="https://ca.test/o/1", challenge_url="https://ca.test/c/1", token="tok", key_authorization="ka"
+    )
+    locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    try:
+        for order_url, written in ((order.order_url, True), ("https://ca.test/o/2", False)):
+            async with order_slot(pool, DIRECTORY, 1, timeout=5) as slot:
+                assert await pool.fetchval(locks) == 1
+                persisted = await certificates.persist_challenge(
+                    slot.connection,
+                    row.certificate_id,
+                    order.model_copy(update={"order_url": order_url}),
+                    let_go=(slot.directory_url, slot.number),
+                )
+                slot.let_go = True
+                assert (persisted is not None) is written
+                assert await pool.fetchval(locks) == 0, "the statement kept the slot"
+        assert await pool.fetchval(locks) == 0
+    finally:
+        await pool.close()

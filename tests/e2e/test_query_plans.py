@@ -160,13 +160,15 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     )
     now = datetime.now(timezone.utc)
 
-    # A certificate's workflow, one step after another.
+    # A certificate's workflow, one step after another (after the request's row).
+    await requests.request_certificates(db, [as_hostname("new.t254.test")], None)
     await certificates.ensure_certificate(db, pending, None, "saas.test")
     await certificates.load_record(db, pending_id, "saas.test")
     await attempts.choose_issuer(db, pending_id, "zerossl", "CAA does not allow letsencrypt")
     await attempts.attempt_issuer(db, pending)
     await attempts.certificate_issuer(db, cert_id)
     await certificates.persist_challenge(db, pending_id, order)
+    await certificates.persist_challenge(db, pending_id, order, let_go=("https://ca.test/dir", 0))
     await certificates.stored_open_order(db, pending_id)
     await issued.store_pending_key(db, pending_id, order.order_url, b"sealed")
     await issued.finalization(db, pending_id, order.order_url)
