@@ -41,7 +41,7 @@ def webhook_workflow_id(hostname: str, event_id: str) -> str:
     """One delivery workflow per event: each event is delivered once."""
     return f"webhook:{hostname}:{event_id}"
 
-CERTIFICATE_DESIGN = 3
+CERTIFICATE_DESIGN = 4
 """The design of the Certificate workflow that certflow's own starts ask for
 (``CertificateInput.design``; workflows/patches.py says what each changes). A
 worker is deployed before the clients that ask for its design; a worker that

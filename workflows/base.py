@@ -32,7 +32,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
-    from workflows.patches import FEWER_ROUND_TRIPS_DESIGN, ORDER_IN_ONE_STEP_DESIGN
+    from workflows.patches import (
+        FEWER_ROUND_TRIPS_DESIGN,
+        ORDER_IN_ONE_STEP_DESIGN,
+        RUN_KEPT_AFTER_ISSUANCE_DESIGN,
+        RUN_KEPT_BELOW_EVENTS,
+    )
     from workflows.steps import (
         BEST_EFFORT,
         POSTGRES,
@@ -266,8 +271,24 @@ class CertificateBase:
             waits=waits,
             policy=self._state.policy if after_issuance else None,
             # The newest design this code knows: a new run starts a new history.
-            design=ORDER_IN_ONE_STEP_DESIGN,
+            design=RUN_KEPT_AFTER_ISSUANCE_DESIGN,
         )
+
+    @property
+    def _keeps_run_after_issuance(self) -> bool:
+        return (
+            self._state.design >= RUN_KEPT_AFTER_ISSUANCE_DESIGN
+            and workflow.info().get_current_history_length() < RUN_KEPT_BELOW_EVENTS
+        )
+
+    def _start_over_after_issuance(self) -> None:
+        """Go on in this run as the run continue-as-new would start after an
+        issuance: its state (the row just stored, the policy, what it carries), this
+        run's design, and the search attributes showing the row."""
+        design = self._state.design
+        self._state = RunState.starting(self._next_run_input(after_issuance=True))
+        self._state.design = design
+        self._state.published = self._shown(self._state.record)
 
     async def _give_up(self, status: CertificateStatus, code: ErrorCode, message: str) -> bool:
         """Stop trying for the hostname: the row ``status`` with ``code`` and

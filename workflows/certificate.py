@@ -142,6 +142,9 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
             self._state.retry_requested = self._state.renew_requested = False
             await workflow.wait_condition(workflow.all_handlers_finished)
             if self._state.stop is None:
+                if self._keeps_run_after_issuance:
+                    self._start_over_after_issuance()
+                    continue
                 workflow.continue_as_new(self._next_run_input(after_issuance=True))
 
     @workflow.query(name="status")

@@ -77,6 +77,18 @@ knows it: everything of FEWER_ROUND_TRIPS_DESIGN, and
 
 Ten history events fewer per issuance (30 → 20), a workflow task and an activity
 task fewer; seven events, and one billable upsert and one activity, fewer per renewal."""
+RUN_KEPT_AFTER_ISSUANCE_DESIGN = 4
+"""Runs whose start asks for it, and every run continued as new by code that knows
+it: everything of ORDER_IN_ONE_STEP_DESIGN, and after an issuance a run whose
+history is shorter than RUN_KEPT_BELOW_EVENTS goes on to wait for the renewal
+itself, from the state continue-as-new would have handed the next run
+(``CertificateBase._start_over_after_issuance``); a longer one continues as new
+as before. A renewal cycle then starts no run: one billable action, a workflow
+task and the new run's first events fewer per cycle, most cycles."""
+RUN_KEPT_BELOW_EVENTS = 250
+"""About eight renewal cycles per run (each ~25-30 events): the history a worker
+replays when a renewal timer fires on a workflow no longer in its cache stays
+small."""
 RENEW_NEXT_RUN_PATCH = "renew-next-run"
 """A ``renew`` signal, or a transfer's renewal, that reaches the run which has just
 issued (phase ISSUED, handing over to the run that waits for the renewal time) is

@@ -776,7 +776,8 @@ class Run:
         """The row is ACTIVE and the current run is on its renewal timer: its last
         step read the row (runs from before the renewal-info sweep asked the CA when
         to renew last), or — the run after an issuance, which reads nothing — the
-        latest run has started a timer and scheduled no activity."""
+        latest run has started a timer since it last scheduled an activity (the run
+        itself, kept after the issuance, or the run it continued as new)."""
         names = self.fakes.names()
         if self.fakes.row.status is not CertificateStatus.ACTIVE or not names:
             return False
@@ -792,11 +793,12 @@ class Run:
         history = await self.env.client.get_workflow_handle(
             self.handle.id, run_id=latest.run_id
         ).fetch_history()
-        kinds = {event.event_type for event in history.events}
-        return (
-            EventType.EVENT_TYPE_TIMER_STARTED in kinds
-            and EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in kinds
-        )
+        kinds = [event.event_type for event in history.events]
+
+        def last(kind: EventType.ValueType) -> int:
+            return max((i for i, k in enumerate(kinds) if k == kind), default=-1)
+
+        return last(EventType.EVENT_TYPE_TIMER_STARTED) > last(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
 
     async def until_active(
         self,

@@ -16,6 +16,11 @@ from temporalio.testing import WorkflowEnvironment
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, OrderKind
 from certflow.workflow_payloads import RenewalWindow
+from workflows.patches import (
+    ORDER_IN_ONE_STEP_DESIGN,
+    RUN_KEPT_AFTER_ISSUANCE_DESIGN,
+    RUN_KEPT_BELOW_EVENTS,
+)
 
 from .fakes import (
     renewal_at,
@@ -211,12 +216,16 @@ async def test_a_manual_renewal_is_not_counted_as_an_ari_renewal(
         pytest.param(timedelta(days=6), timedelta(days=3), id="6-days"),
     ],
 )
-async def test_three_renewal_cycles_each_continue_as_new(
+async def test_three_renewal_cycles_each_renew_at_their_time(
     workflow_env: WorkflowEnvironment, lifetime: timedelta, renew_after: timedelta
 ) -> None:
+    """Each cycle renews at its time with a new certificate. A run of
+    ORDER_IN_ONE_STEP_DESIGN ends its cycle with continue-as-new, into a run of the
+    newest design, which keeps its run after its issuances (RUN_KEPT_AFTER_ISSUANCE_DESIGN):
+    two runs for three cycles."""
     t0 = await workflow_env.get_current_time()
     fakes = Fakes(workflow_env, row=active_row(t0, lifetime), lifetime=lifetime)
-    async with started(workflow_env, fakes) as run:
+    async with started(workflow_env, fakes, design=ORDER_IN_ONE_STEP_DESIGN) as run:
         await run.until_active()
         run_ids = [await run.run_id()]
         serials = {"initial"}
@@ -237,8 +246,9 @@ async def test_three_renewal_cycles_each_continue_as_new(
             assert state.expires_at == new.not_after
             assert new.not_before >= renew_at
             run_id = await run.run_id()
-            assert run_id not in run_ids  # the cycle ended with continue-as-new
-            run_ids.append(run_id)
+            if run_id != run_ids[-1]:
+                run_ids.append(run_id)
+        assert len(run_ids) == 2  # continued as new after the first cycle only
 
         lengths = []
         for run_id in run_ids:
@@ -248,7 +258,6 @@ async def test_three_renewal_cycles_each_continue_as_new(
             lengths.append(len(history.events))
         print(f"{lifetime.days}-day certificate: history lengths of the runs {lengths}")
         assert all(n < 100 for n in lengths), lengths
-        assert lengths[-1] < 30, lengths  # the latest run only waits for the renewal time
         # The first run reads the row; each run after an issuance starts from it and
         # reads it again (with the worker's policy) only when it renews.
         assert len(fakes.of("ensure_certificate")) == 3
@@ -339,4 +348,37 @@ async def test_a_window_for_the_replaced_certificate_changes_nothing(
         await workflow_env.sleep(timedelta(hours=1))
         assert "begin_renewal" not in fakes.names()
         assert (await run.state()).next_attempt_at == before.next_attempt_at
+        await run.cancel()
+
+
+async def test_renewal_cycles_stay_in_one_run_until_its_history_is_long(
+    workflow_env: WorkflowEnvironment,
+) -> None:
+    """RUN_KEPT_AFTER_ISSUANCE_DESIGN: a renewal cycle starts no run while the run's
+    history is shorter than RUN_KEPT_BELOW_EVENTS; the issuance that ends past it
+    continues as new, so no run grows much beyond it. Fifteen cycles of 6-day
+    certificates, each renewing with a new certificate. Red with the run not kept:
+    sixteen runs; red without the bound: one run of ~300 events."""
+    lifetime = timedelta(days=6)
+    t0 = await workflow_env.get_current_time()
+    fakes = Fakes(workflow_env, row=active_row(t0, lifetime), lifetime=lifetime)
+    async with started(workflow_env, fakes, design=RUN_KEPT_AFTER_ISSUANCE_DESIGN) as run:
+        await run.until_active()
+        run_ids = [await run.run_id()]
+        for cycle in range(1, 16):
+            assert fakes.row.not_before is not None and fakes.row.expires_at is not None
+            renew_at = renewal_at(fakes.row.not_before, fakes.row.expires_at)
+            await run.sleep_until(renew_at + timedelta(hours=8))
+            await run.until_active(serial_count=cycle)
+            run_id = await run.run_id()
+            if run_id != run_ids[-1]:
+                run_ids.append(run_id)
+        lengths = [
+            len((await workflow_env.client.get_workflow_handle(run.handle.id, run_id=r).fetch_history()).events)
+            for r in run_ids
+        ]
+        print(f"15 renewal cycles: history lengths of the runs {lengths}")
+        assert len(run_ids) == 2, lengths
+        assert all(n < RUN_KEPT_BELOW_EVENTS + 60 for n in lengths), lengths
+        assert len(fakes.issued) == 15
         await run.cancel()

@@ -12,7 +12,11 @@ from datetime import timedelta
 
 import pytest
 
-from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
+from workflows.patches import (
+    FEWER_ROUND_TRIPS_DESIGN,
+    ORDER_IN_ONE_STEP_DESIGN,
+    RUN_KEPT_AFTER_ISSUANCE_DESIGN,
+)
 from workflows.steps import ORDER_AND_VALIDATE_RETRY
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -69,16 +73,21 @@ def as_tuple(outcome: Outcome) -> tuple[CertificateStatus, int, bool, ErrorCode]
 # -- 1. happy path ------------------------------------------------------------------
 
 
-async def test_happy_path_issues_in_order_and_goes_active(workflow_env: WorkflowEnvironment) -> None:
+@pytest.mark.parametrize("design", [ORDER_IN_ONE_STEP_DESIGN, RUN_KEPT_AFTER_ISSUANCE_DESIGN])
+async def test_happy_path_issues_in_order_and_goes_active(
+    workflow_env: WorkflowEnvironment, design: int
+) -> None:
+    """Issued, then the renewal wait from the (now ACTIVE) row, read nowhere: in a new
+    run (continue-as-new) or, from RUN_KEPT_AFTER_ISSUANCE_DESIGN on, in the same one.
+    Red for that design with the run not kept: the run id changed."""
     fakes = Fakes(workflow_env)
-    async with started(workflow_env, fakes) as run:
+    async with started(workflow_env, fakes, design=design) as run:
         first_run_id = run.handle.first_execution_run_id
         state = await run.until_active()
 
-        # Issued, then continue-as-new: the next run starts from the (now ACTIVE) row
-        # and waits for the renewal time.
         assert fakes.names() == HAPPY_STEPS + AFTER_ISSUANCE_STEPS
-        assert await run.run_id() != first_run_id
+        kept = await run.run_id() == first_run_id
+        assert kept is (design >= RUN_KEPT_AFTER_ISSUANCE_DESIGN)
 
         (issued,) = fakes.issued
         assert state.status is CertificateStatus.ACTIVE
