@@ -15,7 +15,9 @@ The first four scenarios are those of every label; ``edge-unreachable``,
 cooldown spread and the renewal-info sweep; the ``fewer`` label holds them on
 the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH), the ``rows`` label with the
 transitions' results carrying the row, the ``one-step`` label on the
-order-in-one-step design (ORDER_IN_ONE_STEP_DESIGN, the design the client asks for). ``failure-and-retry`` needs a CA
+order-in-one-step design (ORDER_IN_ONE_STEP_DESIGN), the ``kept-run`` label on
+the design that keeps its run after an issuance (RUN_KEPT_AFTER_ISSUANCE_DESIGN,
+the design the client asks for). ``failure-and-retry`` needs a CA
 that fails a validation the self-check passes, which one DNS for both cannot
 give: from the ``sweep`` label on, the FAILED path's history is recorded with
 the fakes (record_patch_histories.py).
