@@ -189,7 +189,7 @@ async def run_size(
         heartbeats = sum(v for k, v in actions.items() if k.endswith("/" + HEARTBEAT))
         full_delta = delta(pg_before, pg_after, watcher.queries - queries_before)
 
-        runs = await fetch_runs(dep.client.temporal, {workflow_id_for(h) for h in measured}, 2)
+        runs = await fetch_runs(dep.client.temporal, {workflow_id_for(h) for h in measured})
         history = summarize(runs)
 
         times = [t for b in batches for t in b.times_to_active()]

@@ -185,7 +185,7 @@ async def run_idle(
         minutes = window.seconds / 60.0
         reconcile = await measure_reconcile(dep, pg, roots)
         sample = {workflow_id_for(h) for h in hostnames[:: max(1, count // 50)]}
-        history = summarize(await fetch_runs(dep.client.temporal, sample, 1))
+        history = summarize(await fetch_runs(dep.client.temporal, sample))
         reconcile_ran = any("FROM certificates WHERE status <>" in q for q in window.by_statement)
         amortized_cpu = cpu["worker"] + reconcile["cpu_seconds"]["worker"] * 100 / RECONCILE_INTERVAL
         result = {

@@ -64,7 +64,7 @@ async def _measure(
         await wait_quiet(dep.client.temporal, [workflow_id_for(name)], 30, pause=0.02)
     actions = counter_delta(before, await asyncio.to_thread(action_metric, metrics_port))
     heartbeats = sum(v for k, v in actions.items() if k.endswith("/" + HEARTBEAT))
-    runs = await fetch_runs(dep.client.temporal, {workflow_id_for(n) for n in names}, 2)
+    runs = await fetch_runs(dep.client.temporal, {workflow_id_for(n) for n in names})
     history = summarize(runs)
     issuing = history["issuing_run_median"]
     activities = {

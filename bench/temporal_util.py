@@ -68,31 +68,41 @@ class Run:
 
 
 async def fetch_runs(
-    client: Client, workflow_ids: set[str], runs_each: int, timeout: float = 20.0
+    client: Client, workflow_ids: set[str], timeout: float = 20.0
 ) -> dict[str, list[Run]]:
-    """Every run of each workflow (via the visibility list), with its history."""
-    listed: dict[str, list[tuple[str, WorkflowExecutionStatus | None]]] = {}
-    deadline = time.monotonic() + timeout
-    while True:
-        listed = defaultdict(list)
-        async for execution in client.list_workflows(f'WorkflowType="{CERTIFICATE_WORKFLOW}"'):
-            if execution.id in workflow_ids:
-                listed[execution.id].append((execution.run_id, execution.status))
-        complete = all(len(listed.get(w, [])) >= runs_each for w in workflow_ids)
-        if complete or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.5)
+    """Every run of each workflow (via the visibility list), with its history: once
+    each workflow's list holds a running run and the run each listed run continued
+    as new into (visibility lags a moment behind a continue-as-new)."""
 
     async def history(workflow_id: str, run_id: str, status: WorkflowExecutionStatus | None) -> Run:
         fetched = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
         return Run(workflow_id, run_id, status, list(fetched.events))
 
-    pairs = [(w, r, s) for w, runs in listed.items() for r, s in runs]
-    fetched = await _bounded((history(w, r, s) for w, r, s in pairs), 16)
-    result: dict[str, list[Run]] = defaultdict(list)
-    for run in fetched:
-        result[run.workflow_id].append(run)
-    return dict(result)
+    deadline = time.monotonic() + timeout
+    while True:
+        listed: dict[str, list[tuple[str, WorkflowExecutionStatus | None]]] = defaultdict(list)
+        async for execution in client.list_workflows(f'WorkflowType="{CERTIFICATE_WORKFLOW}"'):
+            if execution.id in workflow_ids:
+                listed[execution.id].append((execution.run_id, execution.status))
+        pairs = [(w, r, s) for w, runs in listed.items() for r, s in runs]
+        fetched = await _bounded((history(w, r, s) for w, r, s in pairs), 16)
+        result: dict[str, list[Run]] = defaultdict(list)
+        for run in fetched:
+            result[run.workflow_id].append(run)
+        if all(_complete(result.get(w, [])) for w in workflow_ids) or time.monotonic() > deadline:
+            return dict(result)
+        await asyncio.sleep(0.5)
+
+
+def _complete(runs: list[Run]) -> bool:
+    """A running run listed, and every run continued as new into is listed."""
+    ids = {r.run_id for r in runs}
+    continued = [
+        r.events[-1].workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        for r in runs
+        if r.events and r.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    ]
+    return any(r.status == WorkflowExecutionStatus.RUNNING for r in runs) and all(c in ids for c in continued)
 
 
 def _ts(event: HistoryEvent) -> float:
@@ -155,21 +165,40 @@ def _medians(rows: list[dict[str, float]], digits: int = 4) -> dict[str, float |
     return {k: None if v is None else round(v, digits) for k, v in medians.items()}
 
 
+def to_renewal_wait(events: list[HistoryEvent]) -> tuple[list[HistoryEvent], list[HistoryEvent]]:
+    """A running run's events split where it starts to wait for the renewal: at its
+    last timer, when the run itself issued (a run kept after its issuance); all
+    parked otherwise."""
+    issued = any(
+        e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "finalize_and_store"
+        for e in events
+    )
+    timers = [i for i, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    if not issued or not timers:
+        return [], events
+    return events[: timers[-1]], events[timers[-1] :]
+
+
 def summarize(runs: dict[str, list[Run]]) -> dict[str, Any]:
     """Events per certificate up to ACTIVE (the runs that ended in continue-as-new
-    after issuing) and in the parked run, with median time breakdowns."""
+    after issuing, and a run kept after its issuance up to its renewal wait) and in
+    the parked run (from that wait), with median time breakdowns."""
     issuing: list[dict[str, float]] = []
     parked: list[dict[str, float]] = []
     events_to_active: list[float] = []
     billable_to_active: list[float] = []
     for workflow_runs in runs.values():
-        closed = [r for r in workflow_runs if r.status != WorkflowExecutionStatus.RUNNING]
-        running = [r for r in workflow_runs if r.status == WorkflowExecutionStatus.RUNNING]
-        events_to_active.append(float(sum(len(r.events) for r in closed)))
-        counted = tally(e for r in closed for e in r.events)
+        closed = [r.events for r in workflow_runs if r.status != WorkflowExecutionStatus.RUNNING]
+        running = [
+            to_renewal_wait(r.events) for r in workflow_runs if r.status == WorkflowExecutionStatus.RUNNING
+        ]
+        to_active = closed + [before for before, _ in running if before]
+        events_to_active.append(float(sum(len(events) for events in to_active)))
+        counted = tally(e for events in to_active for e in events)
         billable_to_active.append(float(sum(counted[k] for k in BILLABLE_KINDS)))
-        issuing.extend(breakdown(r.events) for r in closed)
-        parked.extend(breakdown(r.events) for r in running)
+        issuing.extend(breakdown(events) for events in to_active)
+        parked.extend(breakdown(after) for _, after in running)
     return {
         "certificates": len(runs),
         "runs": sum(len(v) for v in runs.values()),
