@@ -747,7 +747,8 @@ async def _check_workflows(client: CertflowClient, hostnames: list[str]) -> list
             f"running workflows differ: missing {sorted(expected - running)[:5]},"
             f" unexpected {sorted(running - expected)[:5]}"
         )
-    # The new run after issuance asks the CA when to renew, then waits: give it a moment.
+    # After its issuance a run (kept, or continued as new) goes to wait for the
+    # renewal: give it a moment.
     deadline = time.monotonic() + 60
     pending = list(hostnames)
     while pending:

@@ -42,7 +42,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus
 
 from devstack import servers
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
@@ -554,22 +553,30 @@ class ActivityRecord:
 
 
 async def activity_history(client: CertflowClient, hostname: str) -> list[ActivityRecord]:
-    """Every activity of every run of the hostname's workflow, in order."""
+    """Every activity of every run of the hostname's workflow, in order: the runs
+    visibility lists, and each run one of them continued as new into (visibility
+    lags a moment behind a continue-as-new)."""
     workflow_id = f"certificate:{hostname}"
     runs: list[str] = []
     deadline = time.monotonic() + 10
-    while True:
-        runs = []
-        continued = False
-        async for execution in client.temporal.list_workflows(f"WorkflowId = '{workflow_id}'"):
-            runs.append(execution.run_id)
-            continued |= execution.status == WorkflowExecutionStatus.CONTINUED_AS_NEW
-        if continued or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
+    while not runs and time.monotonic() < deadline:
+        runs = [e.run_id async for e in client.temporal.list_workflows(f"WorkflowId = '{workflow_id}'")]
+        if not runs:
+            await asyncio.sleep(0.2)
+    runs.reverse()  # visibility lists the newest first
     records: list[ActivityRecord] = []
-    for run_id in reversed(runs):  # visibility lists the newest first
+    done: set[str] = set()
+    while runs:
+        run_id = runs.pop(0)
+        if run_id in done:
+            continue
+        done.add(run_id)
         history = await client.temporal.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        last = history.events[-1] if history.events else None
+        if last is not None and last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+            successor = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if successor not in done and successor not in runs:
+                runs.insert(0, successor)
         scheduled: dict[int, ActivityRecord] = {}
         for event in history.events:
             kind = event.event_type

@@ -254,7 +254,8 @@ async def test_search_attributes_find_the_right_workflows(
     expectations = {
         f'CertificateHostname="{issued}"': {issued_id},
         f'CertificateHostname="{issued}" AND CertificateStatus="ACTIVE"': {issued_id},
-        # The run after the issuance upserts nothing: continue-as-new carried them.
+        # The run waiting for the renewal shows them: the run that issued (kept), or
+        # the run it continued as new into (continue-as-new carried them).
         f'CertificateHostname="{issued}" AND CertificateStatus="ACTIVE"'
         ' AND ExecutionStatus="Running"': {issued_id},
         f'CertificateHostname="{broken}" AND CertificateErrorCode="DNS_CNAME"': {broken_id},
