@@ -86,9 +86,10 @@ itself, from the state continue-as-new would have handed the next run
 as before. A renewal cycle then starts no run: one billable action, a workflow
 task and the new run's first events fewer per cycle, most cycles."""
 RUN_KEPT_BELOW_EVENTS = 250
-"""About eight renewal cycles per run (each ~25-30 events): the history a worker
-replays when a renewal timer fires on a workflow no longer in its cache stays
-small."""
+"""About a dozen renewal cycles per run (each ~20 events: fifteen cycles of 6-day
+certificates made runs of 265 and 45 events with the fakes): the history a
+worker replays when a renewal timer fires on a workflow no longer in its cache
+stays small."""
 RENEW_NEXT_RUN_PATCH = "renew-next-run"
 """A ``renew`` signal, or a transfer's renewal, that reaches the run which has just
 issued (phase ISSUED, handing over to the run that waits for the renewal time) is
