@@ -76,8 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " the tree's: a before/after measured side by side in one run",
     )
     parser.add_argument(
-        "--precompile", action="store_true",
-        help="write .pyc for the code snapshot the workers run (A/B for the bytecode finding)",
+        "--precompile", action=argparse.BooleanOptionalAction, default=True,
+        help="compile the code snapshot the workers run to bytecode first, as pip and the"
+        " Dockerfile ship it (default); --no-precompile: a tree without bytecode, whose workflow"
+        " modules the sandbox compiles from source for every new run",
     )
     parser.add_argument(
         "--quiet-wait", type=float, default=300.0, metavar="SECONDS",
@@ -254,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
                 "latency ratios use the baseline's 1-thread p50; throughput ratios its best thread count",
                 "CPU percentages are of one core (this machine has 2)",
                 "issuance phases run with the reconcile schedule off; the idle phase with product defaults",
+                "workers run from "
+                + ("bytecode compiled first, as pip and the Dockerfile ship it" if args.precompile
+                   else "source without bytecode (--no-precompile): each new run compiles its workflow modules"),
             ],
         },
         "baselines": found_baselines,

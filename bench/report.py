@@ -256,6 +256,8 @@ def markdown(result: dict[str, Any]) -> str:
     command = "python -m bench --sizes " + ",".join(str(n) for n in args.get("sizes", []))
     if args.get("compare"):
         command += f" --compare {args['compare']}"
+    if args.get("precompile") is False:
+        command += " --no-precompile"
     head = [
         f"Run at commit {meta['code_at_start']} (`{command} --write-docs`), {meta['cpus']} cores,"
         f" Python {meta['python']}, Postgres {meta['postgres']}, finished {meta['finished_at']}:",

@@ -32,13 +32,14 @@ def code_version(root: Path = ROOT) -> str:
     return (head or "unknown") + (" (+uncommitted changes)" if dirty else "")
 
 
-def snapshot(dest: Path, precompile: bool = False) -> Path:
+def snapshot(dest: Path, precompile: bool = True) -> Path:
     """Copy the product packages and entry points into ``dest``; returns it.
 
-    ``precompile`` also writes ``__pycache__`` bytecode there (as ``python -m
-    compileall`` in an image would): with PYTHONDONTWRITEBYTECODE set, or a
-    read-only tree, nothing else does, and the workflow sandbox then compiles
-    the workflow modules from source for every new workflow run."""
+    ``precompile`` also writes ``__pycache__`` bytecode there, as production has
+    it (``pip install`` compiles, the Dockerfile runs ``compileall``): with
+    PYTHONDONTWRITEBYTECODE set, as on this machine, or a read-only tree,
+    nothing else does, and the workflow sandbox then compiles the workflow
+    modules from source for every new workflow run."""
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in PRODUCT:
@@ -52,7 +53,7 @@ def snapshot(dest: Path, precompile: bool = False) -> Path:
     return dest
 
 
-def snapshot_of(ref: str, dest: Path, precompile: bool = False) -> Path:
+def snapshot_of(ref: str, dest: Path, precompile: bool = True) -> Path:
     """The product files as committed at ``ref`` (``--compare``: the "before" of a
     side-by-side run), copied into ``dest``; returns it."""
     dest.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,10 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check '.[dev,test]'
+# Workers here run this tree, whose workflow modules the sandbox imports afresh for
+# every new run: with bytecode it loads them, without (PYTHONDONTWRITEBYTECODE)
+# it compiles them each time. pip compiled the installed copy; compile the tree.
+.venv/bin/python -m compileall -q certflow workflows activities worker.py starter.py >/dev/null
 
 # acme2certifier, the ACME CA with dns-persist-01 (devstack/acme2certifier.py),
 # served by gunicorn, in a virtualenv of its own (.venv-a2c) so its dependencies

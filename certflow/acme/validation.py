@@ -45,9 +45,10 @@ class OrderValidation(IssuerExchange):
     async def accept(self, challenge_url: str) -> None:
         await self._call(lambda client: self._accept(client, challenge_url))
 
-    def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> None:
+    def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> str | None:
+        """POST the challenge; the status the CA gave it in the answer."""
         try:
-            client.net.post(
+            response = client.net.post(
                 challenge_url,
                 challenges.HTTP01Response(),
                 new_nonce_url=self._clients.new_nonce_url,
@@ -61,42 +62,56 @@ class OrderValidation(IssuerExchange):
                 raise challenge_failure(challenge.get("error"), "challenge invalid") from None
             if challenge.get("status") not in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
                 raise
+            return str(challenge["status"])
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return str(body.get("status")) if isinstance(body, dict) else None
 
     # -- wait_for_order ----------------------------------------------------
 
     async def follow(self, input: WaitForOrderInput) -> OrderProgress:
-        accepted = await self._accept_once(input)
+        accepted, validating = await self._accept_once(input)
         try:
-            return await self._poll_until_issuable(input, accepted)
+            return await self._poll_until_issuable(input, accepted, validating)
         except AcmeProblemError as err:
             err.accepted = err.accepted or accepted
             raise
 
-    async def _accept_once(self, input: WaitForOrderInput) -> bool:
+    async def _accept_once(self, input: WaitForOrderInput) -> tuple[bool, bool]:
         """Ask the CA to validate, once: never again once it answered an accept
         (Boulder starts a second validation for a second POST, and counts each
         failure: ra.go PerformValidation). Whether this activity's earlier try got
         an answer is in its heartbeat; a kept order (``accept_unsure``) or a retry
         without one reads the challenge first and POSTs only while it is pending.
-        True when this call's accept was answered."""
+        Returns whether the accept was answered (by this call or before), and
+        whether this call's answer left the challenge still to be validated."""
         if not input.accept_first or not input.challenge_url:
-            return False
+            return False, False
         if accepted_before():
-            return True
+            return True, False
         url = input.challenge_url
         if input.accept_unsure or activity.info().attempt > 1:
             challenge = await self._call(lambda client: self._post_as_get(client, url), poll=True)
             if challenge.body.get("status") != AcmeStatus.PENDING:
-                return True  # answered before: validating, or done
-        await self._call(lambda client: self._accept(client, url))
+                return True, False  # answered before: validating, or done
+        status = await self._call(lambda client: self._accept(client, url))
         activity.heartbeat({"accepted": True})
-        return True
+        return True, status in (AcmeStatus.PENDING, AcmeStatus.PROCESSING)
 
-    async def _poll_until_issuable(self, input: WaitForOrderInput, accepted: bool) -> OrderProgress:
+    async def _poll_until_issuable(
+        self, input: WaitForOrderInput, accepted: bool, validating: bool
+    ) -> OrderProgress:
         """Poll fast until the order is ready or valid, or the window ends; never
-        POST the challenge again (SPEC §3 step 5)."""
+        POST the challenge again (SPEC §3 step 5). ``validating``: the accept was
+        just answered with the challenge still to be validated, so the first poll
+        waits one interval — the CA's validator has yet to fetch the challenge from
+        us, and asking at once would only read the pending order again."""
         deadline = time.monotonic() + input.within_seconds
         interval = FAST_POLL_FIRST
+        if validating:
+            await asyncio.sleep(min(interval, input.within_seconds))
         while True:
             fetched = await self._poll(input.order_url)
             # A retry of this activity must know the accept was answered.

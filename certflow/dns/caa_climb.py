@@ -11,6 +11,7 @@ without DNS.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -88,27 +89,32 @@ def _relevant_set(hostname: str, name: str, answer: CaaAnswerSet) -> CaaSet | No
 async def find_caa_set(hostname: str, lookup: CaaLookup) -> CaaSet | None:
     """The relevant CAA RRset for ``hostname`` (RFC 8659 §3, as Boulder reads it).
 
-    Asks ``lookup`` for the hostname, then each of the hostname's own parents
-    up to the TLD (never the root, never the alias target's parents); the first
-    name whose answer holds CAA records on its CNAME chain decides. An answer
+    Asks ``lookup`` for the hostname and each of the hostname's own parents up
+    to the TLD (never the root, never the alias target's parents), all at once
+    as Boulder's VA does (``parallelCAALookup``: an uncached climb costs one
+    resolver round trip, not one per label); the first name, from the hostname
+    up, whose answer holds CAA records on its CNAME chain decides. An answer
     with only the chain (NODATA at the target) is an empty set: the climb goes
     on. ``None`` when no name has any.
 
     Raises ``DnsCheckError(ACME_TEMPORARY)`` when a lookup fails (SERVFAIL,
-    timeout): a failed lookup could hide a denying set, but it is no denial.
+    timeout) below the deciding name: a failed lookup could hide a denying set,
+    but it is no denial. A failure above it changes nothing (``selectCAA``).
     Its ``expected`` is empty (no CA is judged here; ``caa_verdict.check_caa`` fills it).
     """
     host = _canonical(hostname)
-    for name in caa_lookup_names(host):
-        try:
-            answer = await lookup(name)
-        except DnsLookupError as exc:
+    names = caa_lookup_names(host)
+    answers = await asyncio.gather(*(lookup(name) for name in names), return_exceptions=True)
+    for name, answer in zip(names, answers):
+        if isinstance(answer, DnsLookupError):
             applies = "" if name == host else f" (applies to {host})"
             raise DnsCheckError(
                 ErrorCode.ACME_TEMPORARY,
-                f"CAA lookup for {name} failed: {exc.reason}{applies}",
+                f"CAA lookup for {name} failed: {answer.reason}{applies}",
                 found=[],
-            ) from exc
+            ) from answer
+        if isinstance(answer, BaseException):
+            raise answer
         found = _relevant_set(host, name, answer)
         if found is not None:
             return found

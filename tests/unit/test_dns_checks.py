@@ -7,6 +7,8 @@ parsing code as in production runs.
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Mapping, Sequence
 
 import dns.asyncquery
@@ -367,7 +369,7 @@ async def test_caa_hostname_decides_allow() -> None:
         }
     )
     await check_caa("shop.acme.test", LE, lookup)
-    assert lookup.asked == ["shop.acme.test"]
+    assert lookup.asked == ["shop.acme.test", "acme.test", "test"]  # all at once, as Boulder
 
 
 async def test_caa_hostname_decides_deny() -> None:
@@ -402,7 +404,7 @@ async def test_caa_parent_decides() -> None:
     assert "CAA at acme.test allows only other-ca.org" in error.message
     assert "shop.acme.test" in error.message
     assert error.found == ['0 issue "other-ca.org"', '0 iodef "mailto:x@acme.test"']
-    assert lookup.asked == ["shop.acme.test", "acme.test"]
+    assert lookup.asked == ["shop.acme.test", "acme.test", "test"]
 
 
 async def test_caa_parent_allows() -> None:
@@ -417,8 +419,7 @@ async def test_caa_iodef_only_rrset_decides_and_permits() -> None:
             "acme.test": owned("acme.test", issue("other-ca.org")),
         }
     )
-    await check_caa("shop.acme.test", LE, lookup)
-    assert lookup.asked == ["shop.acme.test"]
+    await check_caa("shop.acme.test", LE, lookup)  # the parent's set is never read
 
 
 async def test_caa_records_owned_by_a_name_off_the_chain_are_ignored() -> None:
@@ -429,8 +430,7 @@ async def test_caa_records_owned_by_a_name_off_the_chain_are_ignored() -> None:
             "acme.test": owned("acme.test", issue(LE)),
         }
     )
-    await check_caa("shop.acme.test", LE, lookup)
-    assert lookup.asked == ["shop.acme.test", "acme.test"]
+    await check_caa("shop.acme.test", LE, lookup)  # acme.test's set decides
 
 
 async def test_caa_records_of_the_alias_target_decide() -> None:
@@ -447,7 +447,6 @@ async def test_caa_records_of_the_alias_target_decide() -> None:
     assert info.value.message == (
         f"CAA at {TARGET} (via shop.acme.test → {TARGET}) allows only other-ca.org"
     )
-    assert lookup.asked == ["shop.acme.test"]
 
 
 async def test_caa_chain_in_the_answer_is_followed_from_the_queried_name() -> None:
@@ -486,7 +485,7 @@ async def test_find_caa_set_returns_the_deciding_set() -> None:
         records=(issue("a-ca.org"),),
     )
     assert found.owner == "edge.cdn.test"
-    assert lookup.asked == ["shop.eu.acme.test", "eu.acme.test"]
+    assert lookup.asked == ["shop.eu.acme.test", "eu.acme.test", "acme.test", "test"]
     # One walk, several CAs judged.
     verdict = caa_allows(found, LE)
     assert verdict.reason == (
@@ -521,9 +520,38 @@ async def test_caa_servfail_is_temporary() -> None:
     assert isinstance(error.__cause__, DnsLookupError)
 
 
-async def test_caa_servfail_after_decision_is_not_reached() -> None:
+async def test_caa_servfail_above_the_deciding_name_changes_nothing() -> None:
+    # Boulder's selectCAA: an error counts only below the first set found.
     lookup = FakeCaa({"shop.acme.test": owned("shop.acme.test", issue(LE))}, fail=["acme.test"])
     await check_caa("shop.acme.test", LE, lookup)
+    assert lookup.asked == ["shop.acme.test", "acme.test", "test"]
+
+
+async def test_caa_servfail_below_an_allowing_set_is_temporary() -> None:
+    lookup = FakeCaa({"acme.test": owned("acme.test", issue(LE))}, fail=["shop.acme.test"])
+    with pytest.raises(DnsCheckError) as info:
+        await check_caa("shop.acme.test", LE, lookup)
+    assert info.value.code is ErrorCode.ACME_TEMPORARY
+
+
+async def test_caa_names_are_looked_up_at_once() -> None:
+    """As Boulder's VA (parallelCAALookup): an uncached climb costs one resolver
+    round trip, not one per label. Each lookup here answers only once every name
+    was asked, so a climb asking one name after another never ends (checked: with
+    the lookups awaited in turn, it timed out)."""
+    names = caa_lookup_names("shop.eu.acme.test")
+    lookup = FakeCaa({"acme.test": owned("acme.test", issue(LE))})
+    all_asked = asyncio.Event()
+
+    async def together(name: str) -> CaaAnswerSet:
+        answer = await lookup(name)
+        if len(lookup.asked) == len(names):
+            all_asked.set()
+        await all_asked.wait()
+        return answer
+
+    found = await asyncio.wait_for(find_caa_set("shop.eu.acme.test", together), timeout=5)
+    assert found is not None and found.name == "acme.test"
 
 
 # --------------------------------------------------------------------------- recorded DNS answers
@@ -635,7 +663,8 @@ async def test_recorded_edge_set_forbids_through_the_alias(
     assert error.message == f"CAA at {EDGE} (via {HOST} → {EDGE}) {reason}"
     assert error.found == [f"0 issue {value}"]
     assert error.expected == LE
-    assert resolver.asked == [f"CAA {HOST}"]  # the edge's set decides; the apex is not asked
+    # The edge's set decides; the apex is asked with it (all at once) but not read.
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}", "CAA test"]
 
 
 async def test_recorded_edge_allows_although_the_apex_names_another_ca(
@@ -652,7 +681,6 @@ async def test_recorded_edge_allows_although_the_apex_names_another_ca(
     verdict = await check_caa(HOST, dns_checker.caa_issuer, dns_checker.lookup_caa)
     assert verdict.allowed
     assert verdict.reason == f"CAA at {EDGE} (via {HOST} → {EDGE}) allows letsencrypt.org"
-    assert resolver.asked == [f"CAA {HOST}"]
 
 
 async def test_recorded_nodata_at_the_edge_climbs_to_the_apex(resolver: RecordedResolver) -> None:
@@ -668,7 +696,6 @@ async def test_recorded_nodata_at_the_edge_climbs_to_the_apex(resolver: Recorded
     assert error.code is ErrorCode.DNS_CAA
     assert error.message == f"CAA at {APEX} allows only sectigo.com (applies to {HOST})"
     assert error.found == ['0 issue "sectigo.com"', '0 iodef "mailto:it@customer.test"']
-    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}"]
 
 
 async def test_recorded_two_hop_chain(resolver: RecordedResolver) -> None:
@@ -792,7 +819,8 @@ async def test_recorded_servfail_on_a_parent_is_temporary(resolver: RecordedReso
     assert error.expected == LE
     assert not error.non_retryable
     assert isinstance(error.__cause__, DnsLookupError)
-    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}"]
+    # test.'s set, which would allow, is above the failed name: it cannot decide.
+    assert resolver.asked == [f"CAA {HOST}", f"CAA {APEX}", "CAA test"]
 
 
 async def test_recorded_timeout_is_temporary(resolver: RecordedResolver) -> None:
@@ -811,7 +839,7 @@ async def test_recorded_full_check(resolver: RecordedResolver) -> None:
         await checker().check("Shop.Customer.Test.")
     assert info.value.code is ErrorCode.DNS_CAA
     assert info.value.message == f"CAA at {EDGE} (via {HOST} → {EDGE}) allows only digicert.com"
-    assert resolver.asked == [f"CNAME {HOST}", f"CAA {HOST}"]
+    assert resolver.asked == [f"CNAME {HOST}", f"CAA {HOST}", f"CAA {APEX}", "CAA test"]
 
 
 # --------------------------------------------------------------------------- CNAME chain
@@ -1011,7 +1039,7 @@ async def test_checker_runs_cname_then_caa() -> None:
     with pytest.raises(DnsCheckError) as info:
         await checker.check(" Shop.Acme.Test. ")
     assert info.value.code is ErrorCode.DNS_CAA
-    assert calls == ["CNAME shop.acme.test", "CAA shop.acme.test", "CAA acme.test"]
+    assert calls == ["CNAME shop.acme.test", "CAA shop.acme.test", "CAA acme.test", "CAA test"]
 
 
 def test_checker_builds_the_caa_issuer() -> None:
