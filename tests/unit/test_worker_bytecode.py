@@ -28,7 +28,9 @@ def test_modules_without_bytecode_are_named_until_compiled(tmp_path: Path) -> No
 def test_bytecode_older_than_its_source_counts_as_missing(tmp_path: Path) -> None:
     source = tmp_path / "a.py"
     source.write_text("A = 1\n")
-    cached = Path(py_compile.compile(str(source)))
+    compiled = py_compile.compile(str(source))
+    assert compiled is not None
+    cached = Path(compiled)
     later = cached.stat().st_mtime + 10
     os.utime(source, (later, later))  # edited after it was compiled
     assert modules_without_bytecode(tmp_path) == ["a.py"]
