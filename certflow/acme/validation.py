@@ -15,6 +15,7 @@ from temporalio import activity
 
 from certflow.acme.exchange import FAST_POLL_FIRST, FAST_POLL_MAX, IssuerExchange
 from certflow.acme.problems import challenge_failure
+from certflow.acme.refusals import problem_suffix
 from certflow.activity_payloads import OrderProgress, WaitForOrderInput
 from certflow.errors import AcmeProblemError, ErrorCode
 from certflow.models import ISSUABLE, AcmeStatus
@@ -53,7 +54,13 @@ class OrderValidation(IssuerExchange):
                 challenges.HTTP01Response(),
                 new_nonce_url=self._clients.new_nonce_url,
             )
-        except messages.Error:
+        except messages.Error as err:
+            if problem_suffix(str(err.typ)) == "conflict":
+                # Boulder with SetAuthzProcessing (config-next since 2026-07, ra.go
+                # PerformValidation): 409 "Authorization is already being validated" to
+                # an accept while an earlier one validates; the authorization still
+                # reads pending. The CA has the accept: follow the order.
+                return AcmeStatus.PROCESSING
             # Pebble answers `malformed` to a second accept; only the status tells.
             challenge = self._post_as_get(client, challenge_url).body
             if challenge.get("status") == AcmeStatus.INVALID:
