@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
-    parser.add_argument("--repeats", type=int, help="sequential single requests at N=1 (default 7; quick 3)")
+    parser.add_argument("--repeats", type=int, help="sequential single requests at N=1 (default 21; quick 3)")
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
         "--compare", metavar="REF",
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sizes = args.sizes or ([1, 10] if quick else [1, 50, 500])
     args.threads = args.threads or ([1, 4, 16] if quick else [1, 4, 16, 32])
     args.baseline_seconds = args.baseline_seconds or (5.0 if quick else 12.0)
-    args.repeats = args.repeats or (3 if quick else 7)
+    args.repeats = args.repeats or (3 if quick else 21)
     return args
 
 
