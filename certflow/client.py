@@ -161,7 +161,9 @@ class CertflowClient:
         """The row, with the running workflow's phase and next attempt; None when
         there is no row for the hostname. With ``methods``, a PENDING certificate also
         gets each validation method's readiness and the record to add (a ``check``
-        run now): what a product shows next to its "verify" button."""
+        run now): what a product shows next to its "verify" button. Each such call
+        starts a DomainCheck workflow (a workflow start and an activity task,
+        billable): a product that polls should poll without ``methods``."""
         hostname = as_hostname(hostname)
         row = await requests.certificate_state(self.pool, hostname)
         if row is None:
