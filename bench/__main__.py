@@ -4,6 +4,7 @@
     python -m bench --sizes 1,50,500 --idle 5000  # the full run
     python -m bench --scale 20000                 # only the scale phase, merged into --out
     python -m bench --methods 7                   # only dns-01 beside http-01 on real DNS, merged into --out
+    python -m bench --timeline 21                 # only where one issuance's time goes, event by event
     python -m bench --sizes 1,50 --compare REF --write-docs
                                                   # REF's product beside the tree's; the table into docs/performance.md
 
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, methods, report, scale_model
+from bench import baselines, methods, report, scale_model, timeline
 from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
@@ -65,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the validation-method phase: K issuances over http-01, then K over delegated"
         " dns-01, on real DNS (Knot + Unbound; default K 7); its results go under the 'methods'"
         " key of --out, the other keys are kept",
+    )
+    parser.add_argument(
+        "--timeline", type=int, nargs="?", const=21, default=0, metavar="K",
+        help="only the timeline phase: K single issuances, the median offset of each history"
+        " event from the request (default K 21); its results go under the 'timeline' key of"
+        " --out, the other keys are kept",
     )
     parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
@@ -179,8 +186,15 @@ async def run_methods_phase(stack: Stack, args: argparse.Namespace, workdir: Pat
     return await methods.run_methods(stack, args.methods, workdir / "methods", log)
 
 
+async def run_timeline_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    await asyncio.to_thread(stack.wait_machine_quiet, "timeline")
+    log(f"timeline: {args.timeline} single issuances")
+    return await timeline.run_timeline(stack, args.timeline, workdir / "timeline", log)
+
+
 def main_phase(args: argparse.Namespace, key: str) -> int:
-    """One phase alone (``scale`` or ``methods``); its result replaces that key of ``--out``."""
+    """One phase alone (``scale``, ``methods`` or ``timeline``); its result replaces
+    that key of ``--out``."""
     if key == "scale":
         warning = scale_model.check_interval(args.scale_seconds)
         if warning:
@@ -190,7 +204,7 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
     code_at_start = code_version()
     log(f"bench: servers starting (workdir {workdir})")
     stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
-    phase = run_scale_phase if key == "scale" else run_methods_phase
+    phase = {"scale": run_scale_phase, "methods": run_methods_phase, "timeline": run_timeline_phase}[key]
     try:
         found = asyncio.run(phase(stack, args, workdir))
     finally:
@@ -206,7 +220,11 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
     results[key] = found
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    shown = scale_model.table(found) if key == "scale" else methods.table(found["blocks"])
+    shown = {
+        "scale": lambda: scale_model.table(found),
+        "methods": lambda: methods.table(found["blocks"]),
+        "timeline": lambda: timeline.table(found),
+    }[key]()
     log("")
     log(shown)
     if args.write_docs and key == "methods":
@@ -227,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_phase(args, "scale")
     if args.methods:
         return main_phase(args, "methods")
+    if args.timeline:
+        return main_phase(args, "timeline")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()

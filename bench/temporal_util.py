@@ -105,7 +105,8 @@ def _complete(runs: list[Run]) -> bool:
     return any(r.status == WorkflowExecutionStatus.RUNNING for r in runs) and all(c in ids for c in continued)
 
 
-def _ts(event: HistoryEvent) -> float:
+def event_seconds(event: HistoryEvent) -> float:
+    """When the server recorded the event (epoch seconds)."""
     return event.event_time.seconds + event.event_time.nanos / 1e9
 
 
@@ -126,7 +127,7 @@ def breakdown(events: list[HistoryEvent]) -> dict[str, float]:
     scheduled: dict[int, tuple[float, str]] = {}
     started: dict[int, float] = {}
     for ev in events:
-        t, kind = _ts(ev), ev.event_type
+        t, kind = event_seconds(ev), ev.event_type
         if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
             scheduled[ev.event_id] = (t, "wft")
         elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
@@ -154,7 +155,7 @@ def breakdown(events: list[HistoryEvent]) -> dict[str, float]:
         elif kind == EventType.EVENT_TYPE_TIMER_STARTED:
             out["count:timers"] += 1
     if events:
-        out["total"] = _ts(events[-1]) - _ts(events[0])
+        out["total"] = event_seconds(events[-1]) - event_seconds(events[0])
     out["count:events"] = len(events)
     return dict(out)
 
