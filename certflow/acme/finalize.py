@@ -69,6 +69,13 @@ def _issued(
     )
 
 
+def issued_url(order: dict[str, Any] | None) -> str | None:
+    """The certificate URL of an order that is already valid, else None."""
+    if order and order.get("status") == AcmeStatus.VALID and order.get("certificate"):
+        return str(order["certificate"])
+    return None
+
+
 class OrderFinalization(IssuerExchange):
     """finalize_and_store at one CA."""
 
@@ -87,6 +94,7 @@ class OrderFinalization(IssuerExchange):
                 return _stored(earlier.stored)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
+        answered: dict[str, Any] | None = None  # the finalize's answer, when this try sent it
         if status == AcmeStatus.READY:
             if earlier is None or earlier.pending_key is None:
                 key = generate_private_key(self._key_type)
@@ -111,7 +119,7 @@ class OrderFinalization(IssuerExchange):
                 key = self._decrypt_key(earlier.pending_key)
             csr = make_csr(key, input.hostname)
             finalize_url = str(order["finalize"])
-            await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
+            answered = await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
         elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
             if earlier is None:
                 earlier = await issued.finalization(
@@ -134,7 +142,11 @@ class OrderFinalization(IssuerExchange):
                 code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
             )
 
-        certificate_url = await self._wait_until_issued(input.order_url, started)
+        # A CA that issues within the finalize request (acme2certifier; Boulder
+        # without AsyncFinalize) answers with the order valid: no poll needed.
+        certificate_url = issued_url(answered) or await self._wait_until_issued(
+            input.order_url, started
+        )
         fullchain = await self._call(lambda client: self._download(client, certificate_url))
         leaf, chain = split_fullchain(fullchain)
         if not public_key_matches(leaf, key):
@@ -181,14 +193,26 @@ class OrderFinalization(IssuerExchange):
         except DecryptionError as err:
             raise AcmeProblemError(code=ErrorCode.ACME_TEMPORARY, message=str(err)) from None
 
-    def _begin_finalize(self, client: acme_client.ClientV2, finalize_url: str, csr: bytes) -> None:
+    def _begin_finalize(
+        self, client: acme_client.ClientV2, finalize_url: str, csr: bytes
+    ) -> dict[str, Any] | None:
+        """POST the CSR; the order as the CA answered (None when it refused a
+        finalize of an order already past ready)."""
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
         try:
-            client.net.post(finalize_url, request, new_nonce_url=self._clients.new_nonce_url)
+            response = client.net.post(
+                finalize_url, request, new_nonce_url=self._clients.new_nonce_url
+            )
         except messages.Error as err:
             # A repeated finalize (activity retry) finds the order already processing.
             if err.code not in ("orderNotReady", "malformed"):
                 raise
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
 
     async def _wait_until_issued(self, order_url: str, started: float) -> str:
         deadline = time.monotonic() + FINALIZE_WAIT
@@ -197,8 +221,8 @@ class OrderFinalization(IssuerExchange):
             fetched = await self._poll(order_url)
             order = fetched.body
             _heartbeat_after_quiet_start(started)
-            if order.get("status") == AcmeStatus.VALID and order.get("certificate"):
-                return str(order["certificate"])
+            if (url := issued_url(order)) is not None:
+                return url
             if order.get("status") == AcmeStatus.INVALID:
                 raise await self._invalid_order(order)
             if time.monotonic() >= deadline:
