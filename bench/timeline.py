@@ -35,9 +35,9 @@ async def run_timeline(
     dep = await deploy(stack, workdir, "timeline", ISSUE_ENV)
     try:
         watcher = Watcher(dep)
-        for name in dep.new_hostnames("warm", 1):
-            await issue(dep, watcher, [name], 60, 0.01)
-            await wait_quiet(dep.client.temporal, [workflow_id_for(name)], 30)
+        [warm] = dep.new_hostnames("warm", 1)
+        await issue(dep, watcher, [warm], 60, 0.01)
+        await wait_quiet(dep.client.temporal, [workflow_id_for(warm)], 30)
         timelines: list[tuple[tuple[str, ...], list[float], float]] = []
         for i in range(count):
             [name] = dep.new_hostnames(f"t{i}", 1)

@@ -94,7 +94,6 @@ class OrderFinalization(IssuerExchange):
                 return _stored(earlier.stored)
         order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
         status = order.get("status")
-        answered: dict[str, Any] | None = None  # the finalize's answer, when this try sent it
         if status == AcmeStatus.READY:
             if earlier is None or earlier.pending_key is None:
                 key = generate_private_key(self._key_type)
@@ -120,6 +119,7 @@ class OrderFinalization(IssuerExchange):
             csr = make_csr(key, input.hostname)
             finalize_url = str(order["finalize"])
             answered = await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
+            order = answered or order  # the order as the CA now has it
         elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
             if earlier is None:
                 earlier = await issued.finalization(
@@ -142,9 +142,10 @@ class OrderFinalization(IssuerExchange):
                 code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
             )
 
-        # A CA that issues within the finalize request (acme2certifier; Boulder
-        # without AsyncFinalize) answers with the order valid: no poll needed.
-        certificate_url = issued_url(answered) or await self._wait_until_issued(
+        # An order already valid needs no poll: finalized by an earlier try, or by a
+        # CA that issues within the finalize request (acme2certifier; Boulder
+        # without AsyncFinalize).
+        certificate_url = issued_url(order) or await self._wait_until_issued(
             input.order_url, started
         )
         fullchain = await self._call(lambda client: self._download(client, certificate_url))
