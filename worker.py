@@ -18,9 +18,8 @@ from pathlib import Path
 
 import asyncpg
 
-from temporalio.client import Client, Interceptor
+from temporalio.client import Interceptor
 from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from activities import registry
@@ -47,8 +46,11 @@ from activities.records import RecordActivities
 from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import Readiness, WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
-from certflow.store.db import create_pool, migrate
-from certflow.errors import CaUnreachableError, ConfigError
+from certflow.store.db import migrate
+from certflow.connections import open_postgres, open_temporal
+from certflow.errors import CaUnreachableError, ConfigError, ServiceUnreachableError
+from certflow.payload_codec import data_converter
+from certflow.temporal_config import load_temporal_connection
 from certflow.issuers import Issuer
 from certflow.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
@@ -102,15 +104,12 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         # No certflow client traces (the CLI, CertflowClient, the schedules), so the
         # workflow spans must not wait for a client's span to hang from.
         interceptors.append(TracingInterceptor(always_create_workflow_spans=True))
-    client = await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-        runtime=runtime,
-        interceptors=interceptors,
+    temporal = load_temporal_connection(settings)
+    client = await open_temporal(
+        temporal, data_converter=data_converter(settings), runtime=runtime, interceptors=interceptors
     )
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
-    searchable = await register_search_attributes(client, settings.temporal_namespace)
+    searchable = await register_search_attributes(client, temporal.namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
     host, port = settings.dns_resolver_address
     dns = DnsChecker(
@@ -247,7 +246,8 @@ def modules_without_bytecode(package: Path = Path(workflows.__file__).parent) ->
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
     """Run until stop is set; raises ConfigError for problems an operator must fix."""
-    pool = await create_pool(settings.database_url, max_size=20)
+    load_temporal_connection(settings)  # a bad Temporal setting stops it before anything else
+    pool = await open_postgres(settings.database_url, max_size=20)
     try:
         await migrate(pool)
         parts = await build(settings, pool)
@@ -322,6 +322,9 @@ async def main() -> int:
         await serve(settings, stop)
     except ConfigError as err:
         print(f"certflow: configuration error: {err}", file=sys.stderr)
+        return 2
+    except ServiceUnreachableError as err:
+        print(f"certflow: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
+    p = command(
+        "codec-server",
+        "decode encrypted payloads for the Temporal Web UI and CLI (operators only; runs until stopped)",
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="overrides CERTFLOW_CODEC_LISTEN")
     return root
 
 

@@ -31,6 +31,8 @@ from certflow.contract import (
     domain_check_workflow_id, reconcile_schedule_id, workflow_id_for,
 )
 from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
+from certflow.payload_codec import data_converter
+from certflow.temporal_config import load_temporal_connection
 from certflow.hostnames import (
     Hostname, InvalidHostnameError, as_hostname, is_wildcard, normalize_hostname, normalize_tenant_id
 )
@@ -91,12 +93,14 @@ class CertflowClient:
         temporal: Client,
         task_queue: str,
         ownership_secret: bytes | None = None,
+        *,
+        hostname_attribute: bool = True,
     ) -> None:
         self.pool = pool
         self.temporal = temporal
         self.task_queue = task_queue
         self.ownership_secret = ownership_secret
-        self._starts = CertificateStarts(temporal, task_queue)
+        self._starts = CertificateStarts(temporal, task_queue, hostname_attribute=hostname_attribute)
 
     @classmethod
     async def connect(
@@ -104,15 +108,21 @@ class CertflowClient:
     ) -> CertflowClient:
         """Postgres first, then Temporal; either unreachable is ServiceUnreachableError
         (naming the address and the setting) within ``timeout`` each."""
+        connection = load_temporal_connection(settings)
+        converter = data_converter(settings)
         pool = await open_postgres(settings.database_url, max_size=4, timeout=timeout)
         try:
-            temporal = await open_temporal(
-                settings.temporal_address, settings.temporal_namespace, timeout=timeout
-            )
+            temporal = await open_temporal(connection, data_converter=converter, timeout=timeout)
         except BaseException:
             await pool.close()
             raise
-        return cls(pool, temporal, settings.task_queue, settings.ownership_secret_bytes)
+        return cls(
+            pool,
+            temporal,
+            settings.task_queue,
+            settings.ownership_secret_bytes,
+            hostname_attribute=settings.hostname_search_attribute,
+        )
 
     async def close(self) -> None:
         await self.pool.close()

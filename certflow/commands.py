@@ -26,7 +26,11 @@ from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejected
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError
 from certflow.models import CertificateStatus, LimitScope, MethodReadiness, Phase, RequestedMethod
 from certflow.workflow_payloads import CertificateState
-from certflow.settings import ClientSettings, KeySettings, load_settings
+from certflow.edge.responder import bind_listener
+from certflow.payload_codec import PayloadKeyError
+from certflow.settings import (
+    ClientSettings, CodecServerSettings, KeySettings, load_settings, parse_host_port
+)
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys
 from certflow.tables import print_table
@@ -278,6 +282,24 @@ async def migrate_(args: argparse.Namespace) -> int:
     return 0
 
 
+async def codec_server_(args: argparse.Namespace) -> int:
+    """Serve Temporal's /decode and /encode until SIGINT or SIGTERM."""
+    from certflow.codec_server import codec_server
+
+    overrides = {"codec_listen": args.listen} if args.listen else {}
+    settings = load_settings(CodecServerSettings, **overrides)
+    server = codec_server(settings)
+    host, port = parse_host_port(settings.codec_listen)
+    try:
+        listener = bind_listener(host, port)
+    except OSError as err:
+        raise ConfigError(f"CERTFLOW_CODEC_LISTEN: cannot listen on {settings.codec_listen}: {err.strerror}") from None
+    scheme = "https" if settings.codec_tls_cert else "http"
+    print(f"codec server on {scheme}://{settings.codec_listen} (POST /decode, /encode)", flush=True)
+    await server.serve(sockets=[listener])
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "request": request,
     "check": check,
@@ -293,6 +315,7 @@ COMMANDS: dict[str, Command] = {
     "reconcile": reconcile,
     "rotate-keys": rotate_keys_,
     "migrate": migrate_,
+    "codec-server": codec_server_,
 }
 
 
@@ -305,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
         prefix = "configuration error: " if isinstance(err, ConfigError) else ""
         print(f"certflow: {prefix}{err}", file=sys.stderr)
         return 2
-    except ServiceUnreachableError as err:
+    except (ServiceUnreachableError, PayloadKeyError) as err:
         print(f"certflow: {err}", file=sys.stderr)
         return 2
     except ActionRejectedError as err:

@@ -38,14 +38,16 @@ def certificate_input(
     )
 
 
-def requested_attributes(hostname: Hostname, tenant_id: str | None) -> TypedSearchAttributes:
+def requested_attributes(
+    hostname: Hostname, tenant_id: str | None, *, with_hostname: bool = True
+) -> TypedSearchAttributes:
     """What the search attributes of a row just requested show: PENDING, no error,
     no certificate; the tenant when the request names it (else the workflow
-    upserts the row's once it has read it)."""
-    pairs: list[SearchAttributePair[str]] = [
-        SearchAttributePair(search.HOSTNAME, hostname),
-        SearchAttributePair(search.STATUS, str(CertificateStatus.PENDING)),
-    ]
+    upserts the row's once it has read it); the hostname unless left out
+    (CERTFLOW_HOSTNAME_SEARCH_ATTRIBUTE=false)."""
+    pairs: list[SearchAttributePair[str]] = [SearchAttributePair(search.STATUS, str(CertificateStatus.PENDING))]
+    if with_hostname:
+        pairs.insert(0, SearchAttributePair(search.HOSTNAME, hostname))
     if tenant_id is not None:
         pairs.append(SearchAttributePair(search.TENANT, tenant_id))
     return TypedSearchAttributes(pairs)
@@ -54,9 +56,10 @@ def requested_attributes(hostname: Hostname, tenant_id: str | None) -> TypedSear
 class CertificateStarts:
     """Starts Certificate workflows on one task queue, or finds the one running."""
 
-    def __init__(self, temporal: Client, task_queue: str) -> None:
+    def __init__(self, temporal: Client, task_queue: str, *, hostname_attribute: bool = True) -> None:
         self._temporal = temporal
         self._task_queue = task_queue
+        self._hostname_attribute = hostname_attribute
         self._with_attributes = True
         """False once the namespace refused them (not registered: the worker could
         not register them either, and its workflows run without them)."""
@@ -79,7 +82,9 @@ class CertificateStarts:
                     task_queue=self._task_queue,
                     id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
                     id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                    search_attributes=requested_attributes(hostname, tenant_id)
+                    search_attributes=requested_attributes(
+                        hostname, tenant_id, with_hostname=self._hostname_attribute
+                    )
                     if self._with_attributes
                     else None,
                 )

@@ -316,6 +316,7 @@ class Settings(KeySettings):
             issuer_fallback_unreachable_seconds=self.issuer_fallback_unreachable_seconds,
             pending_timeout_days=self.pending_timeout_days,
             departed_retention_days=self.departed_retention_days,
+            hostname_search_attribute=self.hostname_search_attribute,
         )
 
 

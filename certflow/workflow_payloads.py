@@ -108,6 +108,8 @@ class ProvisioningPolicy(Frozen):
     expiring_soon_days: float = 7.0
     search_attributes: bool = False
     """Whether the worker registered certflow's search attributes (see certflow.search)."""
+    hostname_search_attribute: bool = True
+    """Whether they show the hostname (CERTFLOW_HOSTNAME_SEARCH_ATTRIBUTE)."""
     http01_self_check: bool = True
     """Fetch the challenge as the CA would before accepting it (SPEC §3.1)."""
     issuers: list[str] = []

@@ -187,7 +187,6 @@ class CertificateBase:
             return
         if self._state.policy.search_attributes and not self._state.attributes_held:
             updates: list[SearchAttributeUpdate[Any]] = [
-                search.HOSTNAME.value_set(record.hostname),
                 search.STATUS.value_set(str(record.status)),
                 search.ERROR_CODE.value_set(str(record.error_code))
                 if record.error_code
@@ -198,6 +197,8 @@ class CertificateBase:
             ]
             if record.tenant_id:
                 updates.append(search.TENANT.value_set(record.tenant_id))
+            if self._state.policy.hostname_search_attribute:
+                updates.insert(0, search.HOSTNAME.value_set(record.hostname))
             issuer = self._shown_issuer(record)
             if issuer is not None:  # never set by histories from before issuers
                 updates.append(search.ISSUER.value_set(issuer))

@@ -9,6 +9,7 @@ import pytest
 
 from certflow.errors import ConfigError
 from certflow.settings import ClientSettings, load_settings
+from certflow.temporal_config import load_temporal_connection
 from certflow.worker_settings import KeyType, Settings
 
 GOOD = {
@@ -29,8 +30,8 @@ def env(clean_environment: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def test_defaults_and_normalization(env: pytest.MonkeyPatch) -> None:
     settings = load_settings(Settings)
-    assert settings.temporal_address == "localhost:7233"
-    assert settings.temporal_namespace == "default"
+    temporal = load_temporal_connection(settings)
+    assert (temporal.address, temporal.namespace, temporal.tls) == ("localhost:7233", "default", None)
     assert settings.task_queue == "certflow"
     assert settings.acme_key_type is KeyType.EC256
     assert settings.caa_issuer_domain == "letsencrypt.org"
