@@ -85,15 +85,10 @@ class WorkerParts:
 
 
 async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
-    """Everything a worker runs, wired: the ACME account, the Temporal client and
-    worker with every activity, the schedule, the responder. ConfigError for
-    anything an operator must fix, before any request is served."""
-    encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
-    issuers = settings.issuer_list
-    issuer_clients = [
-        await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
-        for position, issuer in enumerate(issuers.items)
-    ]
+    """Everything a worker runs, wired: the Temporal client, the schema (migrations),
+    the ACME account, the worker with every activity, the schedule, the responder.
+    ConfigError (or ServiceUnreachableError) for anything an operator must fix,
+    before any request is served."""
     runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
     metrics = (
         CertflowMetrics(runtime.metric_meter, settings.expiring_soon_days) if runtime else CertflowMetrics()
@@ -104,10 +99,18 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         # No certflow client traces (the CLI, CertflowClient, the schedules), so the
         # workflow spans must not wait for a client's span to hang from.
         interceptors.append(TracingInterceptor(always_create_workflow_spans=True))
+    # Temporal before anything is written: a refused credential changes nothing.
     temporal = load_temporal_connection(settings)
     client = await open_temporal(
         temporal, data_converter=data_converter(settings), runtime=runtime, interceptors=interceptors
     )
+    await migrate(pool)
+    encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    issuers = settings.issuer_list
+    issuer_clients = [
+        await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
+        for position, issuer in enumerate(issuers.items)
+    ]
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
     searchable = await register_search_attributes(client, temporal.namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
@@ -245,11 +248,11 @@ def modules_without_bytecode(package: Path = Path(workflows.__file__).parent) ->
 
 
 async def serve(settings: Settings, stop: asyncio.Event) -> None:
-    """Run until stop is set; raises ConfigError for problems an operator must fix."""
+    """Run until stop is set; raises ConfigError or ServiceUnreachableError for
+    problems an operator must fix."""
     load_temporal_connection(settings)  # a bad Temporal setting stops it before anything else
     pool = await open_postgres(settings.database_url, max_size=20)
     try:
-        await migrate(pool)
         parts = await build(settings, pool)
         http_host, http_port = settings.http01_address
         try:

@@ -61,7 +61,7 @@ def _network_reason(err: BaseException, timeout: float) -> str | None:
     if isinstance(err, socket.gaierror):
         return f"the name does not resolve (DNS: {err.strerror})"
     if isinstance(err, ssl.SSLCertVerificationError):
-        detail = err.verify_message or err.reason or "certificate verify failed"
+        detail = (err.verify_message or err.reason or "certificate verify failed").rstrip(".")
         if err.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, _IP_ADDRESS_MISMATCH
             return (
                 f"TLS failed: the server's certificate does not name the host ({detail});"
@@ -153,27 +153,56 @@ _TEMPORAL_REASONS = (
 )
 
 
+_REFUSED_CREDENTIALS = re.compile(
+    r"\b(401 Unauthorized|403 Forbidden)|code: (Unauthenticated|PermissionDenied)", re.I
+)
+_CLOSED_AFTER_HANDSHAKE = re.compile(
+    r"after connection.*(connection closed|broken pipe|connection reset|transport error|Cancelled)", re.I | re.S
+)
+
+
+def _credentials_refused(status: str, connection: TemporalConnection) -> str:
+    if connection.api_key_setting is not None:
+        return f"the API key was refused ({status}); check {connection.api_key_setting}"
+    if connection.client_cert_setting is not None:
+        return f"the client certificate was refused ({status}); check {connection.client_cert_setting}"
+    return f"it asks for credentials ({status}): set an API key or a client certificate"
+
+
 def _temporal_reason(message: str, connection: TemporalConnection) -> str:
     """The SDK's connect error (a Rust error's debug text) as one plain reason that
     names the settings to check."""
+    if refused := _REFUSED_CREDENTIALS.search(message):
+        return _credentials_refused(refused.group(0).removeprefix("code: "), connection)
     if connection.tls is not None:
         names = {
             "ca": connection.ca_setting or "the system's roots",
             "name": f"{connection.tls.domain}, {connection.server_name_setting}"
             if connection.tls.domain
             else f"the address's host; check {connection.address_setting}",
-            "cert": connection.client_cert_setting or "none is configured",
+            "cert": connection.client_cert_setting
+            or "none is configured: set CERTFLOW_TEMPORAL_TLS_CERT and CERTFLOW_TEMPORAL_TLS_KEY",
             "tls": "TLS is on; check " + connection.address_setting,
         }
         for pattern, reason in _TLS_REFUSALS:
             if pattern.search(message):
                 return reason.format(**names)
+        if _CLOSED_AFTER_HANDSHAKE.search(message):
+            # TLS 1.3: the server checks the client's certificate after the
+            # handshake, and closes the connection on the first call.
+            return (
+                "the server closed the connection after the TLS handshake: a client certificate"
+                f" missing, or not one it trusts ({names['cert']})"
+            )
     for pattern, reason in _TEMPORAL_REASONS:
         if pattern.search(message):
             return reason
     if re.search(r"\btls\b|certificate|handshake|transport error", message, re.I):
         if connection.tls is None:
-            return "it does not answer plaintext gRPC: is TLS needed (CERTFLOW_TEMPORAL_TLS, an API key or a client certificate)?"
+            return (
+                "it does not answer plaintext gRPC: does it need TLS (CERTFLOW_TEMPORAL_TLS,"
+                " an API key or a client certificate)?"
+            )
         return "the TLS connection failed; check " + ", ".join(connection.tls_settings)
     return message.removeprefix("Failed client connect: ").splitlines()[0][:200]
 
@@ -182,11 +211,7 @@ def _refused_credentials(err: RPCError, connection: TemporalConnection) -> str |
     """What an answered-but-refused connect means: a rejected API key or identity."""
     if err.status not in (RPCStatusCode.UNAUTHENTICATED, RPCStatusCode.PERMISSION_DENIED):
         return None
-    if connection.api_key_setting is not None:
-        return f"the API key was refused ({err.status.name.lower()}); check {connection.api_key_setting}"
-    if connection.api_key is None and not connection.mutual_tls:
-        return f"it asks for credentials ({err.status.name.lower()}): set an API key or a client certificate"
-    return f"the client certificate was refused ({err.status.name.lower()}); check " + ", ".join(connection.tls_settings)
+    return _credentials_refused(err.status.name.lower(), connection)
 
 
 async def open_temporal(
