@@ -67,8 +67,9 @@ class _Sources:
         file = config_file or "~/.config/temporalio/temporal.toml"
         self._profile = f"profile {profile!r} of {file}"
 
-    def name(self, override: str, *temporal_variables: str, toml_key: str) -> str:
-        if self._environ.get(_OVERRIDE + override, "").strip():
+    def name(self, override: str, overridden: object, *temporal_variables: str, toml_key: str) -> str:
+        """``overridden``: certflow's own setting's value (None when unset)."""
+        if overridden is not None:
             return _OVERRIDE + override
         for variable in temporal_variables:
             if self._environ.get(variable, "").strip():
@@ -121,7 +122,8 @@ def load_temporal_connection(
 ) -> TemporalConnection:
     """The connection the settings and Temporal's client configuration describe;
     ConfigError (naming the setting) for anything wrong before the network."""
-    env = dict(os.environ if environ is None else environ)
+    # An empty variable is an unset one (a harness blanks the caller's TEMPORAL_*).
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if v.strip()}
     profile_name = settings.temporal_profile or env.get("TEMPORAL_PROFILE") or "default"
     config_file = settings.temporal_config_file or env.get("TEMPORAL_CONFIG_FILE") or None
     file_setting = (
@@ -147,7 +149,7 @@ def load_temporal_connection(
     sources = _Sources(env, profile_name, config_file)
     tls = profile.tls
     address_setting = (
-        sources.name("ADDRESS", "TEMPORAL_ADDRESS", toml_key="address")
+        sources.name("ADDRESS", settings.temporal_address, "TEMPORAL_ADDRESS", toml_key="address")
         if settings.temporal_address or profile.address
         else _OVERRIDE + "ADDRESS"
     )
@@ -160,18 +162,21 @@ def load_temporal_connection(
         else profile.api_key
     )
     ca_setting = sources.name(
-        "TLS_CA", "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
+        "TLS_CA", settings.temporal_tls_ca, "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
         toml_key="tls.server_ca_cert",
     )
     cert_setting = sources.name(
-        "TLS_CERT", "TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_DATA",
+        "TLS_CERT", settings.temporal_tls_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_DATA",
         toml_key="tls.client_cert",
     )
     key_setting = sources.name(
-        "TLS_KEY", "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_CLIENT_KEY_DATA",
+        "TLS_KEY", settings.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_CLIENT_KEY_DATA",
         toml_key="tls.client_key",
     )
-    name_setting = sources.name("TLS_SERVER_NAME", "TEMPORAL_TLS_SERVER_NAME", toml_key="tls.server_name")
+    name_setting = sources.name(
+        "TLS_SERVER_NAME", settings.temporal_tls_server_name, "TEMPORAL_TLS_SERVER_NAME",
+        toml_key="tls.server_name",
+    )
     key_override = (
         settings.temporal_tls_key.get_secret_value() if settings.temporal_tls_key is not None else None
     )
@@ -185,13 +190,15 @@ def load_temporal_connection(
         tls_switch = _OVERRIDE + "TLS"
     else:
         tls_wanted = None if tls is None or tls.disabled is None else not tls.disabled
-        tls_switch = sources.name("TLS", "TEMPORAL_TLS", toml_key="tls.disabled")
+        tls_switch = sources.name("TLS", None, "TEMPORAL_TLS", toml_key="tls.disabled")
     tls_parts = {
         ca_setting: ca, cert_setting: cert, key_setting: key, name_setting: server_name
     }
     given = [setting for setting, value in tls_parts.items() if value]
     api_key_setting = (
-        sources.name("API_KEY", "TEMPORAL_API_KEY", toml_key="api_key") if api_key else None
+        sources.name("API_KEY", settings.temporal_api_key, "TEMPORAL_API_KEY", toml_key="api_key")
+        if api_key
+        else None
     )
     if tls_wanted is False:
         if api_key_setting is not None:

@@ -63,6 +63,7 @@ def run_demo(*, keep_running: bool = True) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="certflow-demo-"))
     stopping: list[object] = []
+    os.environ.update(servers.without_ambient_temporal())  # the local dev server, in plaintext
     try:
         print(f"certflow demo: starting local servers (logs in {workdir})", flush=True)
         database_url = os.environ.get("CERTFLOW_DATABASE_URL")

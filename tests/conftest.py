@@ -15,6 +15,11 @@ import pytest
 
 from devstack import servers
 
+# The servers here are local and plaintext: a developer's own Temporal settings
+# (a Temporal Cloud API key, a profile file) must not reach the clients the
+# tests build in this process. Tests that want TLS set it explicitly.
+os.environ.update(servers.without_ambient_temporal())
+
 
 @pytest.fixture(scope="session")
 def postgres_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
