@@ -194,6 +194,11 @@ def _temporal_reason(message: str, connection: TemporalConnection) -> str:
                 "the server closed the connection after the TLS handshake: a client certificate"
                 f" missing, or not one it trusts ({names['cert']})"
             )
+    elif _CLOSED_AFTER_HANDSHAKE.search(message):
+        return (
+            "it closed the connection at the first call: does it need TLS"
+            " (CERTFLOW_TEMPORAL_TLS=true, an API key or a client certificate)?"
+        )
     for pattern, reason in _TEMPORAL_REASONS:
         if pattern.search(message):
             return reason

@@ -48,7 +48,8 @@ def test_services_and_dev_profile() -> None:
     for service in ("postgres:", "temporal:", "temporal-ui:", "worker:", "pebble:", "challtestsrv:"):
         assert f"\n  {service}" in config, service
     assert "CERTFLOW_DATABASE_URL: postgresql://postgres:postgres@postgres:5432/postgres" in config
-    assert "CERTFLOW_TEMPORAL_ADDRESS: temporal:7233" in config
+    assert "TEMPORAL_CONFIG_FILE: /etc/certflow/temporal.toml" in config
+    assert "TEMPORAL_PROFILE: default" in config
     assert config.count("healthcheck:") >= 3
 
 
@@ -94,3 +95,37 @@ def test_observability_profile_runs_prometheus_with_the_rules() -> None:
     assert "job_name: certflow-worker" in scrape and "- certflow-rules.yml" in scrape
     assert 'targets: ["worker:9464"]' in scrape
     assert "CERTFLOW_METRICS_LISTEN: 0.0.0.0:9464" in config
+
+
+def test_tls_profile_puts_mtls_in_front_of_temporal(tmp_path: Path) -> None:
+    """`--profile tls`: HAProxy with client certificates in front of Temporal, its
+    PKI made at start, and the worker's profile `tls` going through it with files
+    the PKI writes. The HAProxy config is checked by HAProxy itself (``-c``) on a
+    PKI written the way the compose service writes it."""
+    from temporalio.envconfig import ClientConfigProfile
+
+    from devstack.temporal_tls import write_temporal_pki
+
+    config = _config("tls")
+    for service in ("temporal-pki:", "temporal-tls:"):
+        assert f"\n  {service}" in config, service
+    assert "temporal-pki:/temporal-pki:ro" in config and "published: 7234" in config
+
+    toml = ROOT / "deploy" / "temporal" / "temporal.toml"
+    profile = ClientConfigProfile.load("tls", config_source=toml, override_env_vars={})
+    assert profile.address == "temporal-tls:7234" and profile.tls is not None
+    pki = write_temporal_pki(tmp_path / "temporal-pki")
+    written = {p.name for p in pki.directory.iterdir()}
+    for source in (profile.tls.server_root_ca_cert, profile.tls.client_cert, profile.tls.client_private_key):
+        assert isinstance(source, Path) and source.parent == Path("/temporal-pki") and source.name in written
+    assert profile.tls.server_name == "temporal.certflow.test"
+
+    haproxy_cfg = (ROOT / "deploy" / "temporal" / "haproxy-mtls.cfg").read_text()
+    assert "verify required" in haproxy_cfg and ":7234" in haproxy_cfg
+    local = tmp_path / "haproxy.cfg"
+    local.write_text(
+        haproxy_cfg.replace("/temporal-pki/", f"{pki.directory}/").replace("temporal:7233", "127.0.0.1:7233")
+    )
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    checked = subprocess.run([haproxy, "-c", "-f", str(local)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
