@@ -83,7 +83,7 @@ class CodecServer:
         except PayloadKeyError as err:
             await _answer(send, 400, _error(str(err)), cors)
             return
-        answer = json_format.MessageToJson(Payloads(payloads=done), indent=None).encode()
+        answer = json.dumps({"payloads": [json_format.MessageToDict(p) for p in done]}).encode()
         await _answer(send, 200, answer, cors)
 
     def _authorized(self, given: bytes | None) -> bool:
