@@ -27,10 +27,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from certflow.store import cooldowns, requests
 from certflow.contract import (
-    CERTIFICATE_WORKFLOW, DOMAIN_CHECK_WORKFLOW, RECONCILE_WORKFLOW,
-    domain_check_workflow_id, reconcile_schedule_id, workflow_id_for,
+    CERTIFICATE_WORKFLOW, RECONCILE_WORKFLOW, reconcile_schedule_id, workflow_id_for,
 )
 from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
+from certflow.domain_checks import check_now, recent_check
 from certflow.payload_codec import data_converter
 from certflow.temporal_config import load_temporal_connection
 from certflow.hostnames import (
@@ -44,7 +44,6 @@ from certflow.workflow_payloads import (
     TransferRequest,
     CertificateState,
     DeleteRequest,
-    DomainCheckInput,
     DomainCheckReport,
     ReconcileInput,
     ReconcileResult,
@@ -171,16 +170,16 @@ class CertflowClient:
         """The row, with the running workflow's phase and next attempt; None when
         there is no row for the hostname. With ``methods``, a PENDING certificate also
         gets each validation method's readiness and the record to add (a ``check``
-        run now): what a product shows next to its "verify" button. Each such call
-        starts a DomainCheck workflow (a workflow start and an activity task,
-        billable): a product that polls should poll without ``methods``."""
+        run now, or shared: certflow/domain_checks.py): what a product shows next to
+        its "verify" button. Calls for one hostname share a check in flight or one
+        finished within a minute, so a page that polls starts about one a minute."""
         hostname = as_hostname(hostname)
         row = await requests.certificate_state(self.pool, hostname)
         if row is None:
             return None
         update: dict[str, Any] = {"workflow_id": workflow_id_for(hostname)}
         if methods and row.status is CertificateStatus.PENDING:
-            [report] = await self.check([hostname], tenant_id=row.tenant_id)
+            report = await recent_check(self.temporal, self.task_queue, hostname, row.tenant_id)
             update["methods"] = report.methods
         if row.status is not CertificateStatus.ACTIVE:
             holding = await self.cooldowns_for(hostname)
@@ -319,18 +318,9 @@ class CertflowClient:
         ordering nothing: the product's "verify my domain" button. Hostnames are
         validated first."""
         unique = _validated(hostnames)
-
-        async def one(hostname: Hostname) -> DomainCheckReport:
-            report: DomainCheckReport = await self.temporal.execute_workflow(
-                DOMAIN_CHECK_WORKFLOW,
-                DomainCheckInput(hostname=hostname, tenant_id=tenant_id),
-                id=domain_check_workflow_id(hostname, uuid.uuid4().hex[:12]),
-                task_queue=self.task_queue,
-                result_type=DomainCheckReport,
-            )
-            return report
-
-        return list(await asyncio.gather(*(one(h) for h in unique)))
+        return list(
+            await asyncio.gather(*(check_now(self.temporal, self.task_queue, h, tenant_id) for h in unique))
+        )
 
     async def install_reconcile(self, every_seconds: float) -> None:
         await install_reconcile_schedule(self.temporal, self.task_queue, every_seconds)
