@@ -196,12 +196,15 @@ _Fail = Callable[[str], InvalidHostnameError]
 
 def _wildcard(raw: str, base: str, fail: _Fail) -> Hostname:
     """``*.<base>``: valid for the DNS validation methods (RFC 8555 §7.1.3), never
-    directly under a public suffix (a CA refuses ``*.com`` or ``*.co.uk``)."""
+    directly under an ICANN public suffix (a CA refuses ``*.com`` or ``*.co.uk``).
+    A private entry of the list is no bar (``*.github.io``), as Boulder's
+    policy/pa.go ``ValidDomain`` compares the base with ``iana.ExtractSuffix``,
+    which reads the ICANN section only."""
     try:
         name = normalize_hostname(base)
     except InvalidHostnameError as err:
         raise fail(f"after '*.': {err.reason}") from None
-    if _public_suffix_list().is_public(name):
+    if _icann_suffix_list().is_public(name):
         raise fail(f"a wildcard directly under the public suffix {name!r} is not allowed")
     if len(name) + 2 > MAX_NAME_OCTETS:
         raise fail(f"name is {len(name) + 2} octets long; at most {MAX_NAME_OCTETS} allowed")
@@ -302,6 +305,13 @@ def _check_a_label(label: str, fail: _Fail) -> None:
             f"invalid IDNA A-label {_preview(label)}: not in canonical form "
             f"(expected {canonical!r})"
         )
+
+
+@functools.cache
+def _icann_suffix_list() -> PublicSuffixList:
+    # The ICANN section alone, as Boulder's iana.ExtractSuffix (an unlisted TLD
+    # still counts, so that *.test is refused and *.shop.test is not).
+    return PublicSuffixList(accept_unknown=True, only_icann=True)
 
 
 @functools.cache

@@ -177,6 +177,15 @@ def test_a_wildcard_is_a_hostname_for_the_dns_methods(raw: str, expected: str) -
     assert not is_wildcard(normalize_hostname(raw)[2:])
 
 
+@pytest.mark.parametrize("raw", ["*.github.io", "*.blogspot.com"])
+def test_a_wildcard_under_a_private_suffix_is_allowed(raw: str) -> None:
+    """Boulder refuses a wildcard only directly under an ICANN suffix: policy/pa.go
+    ``ValidDomain`` compares the base with ``iana.ExtractSuffix``, which ignores the
+    list's private section (``github.io``). Red with the full list used (refused
+    as "directly under the public suffix"; checked once)."""
+    assert normalize_hostname(raw) == raw
+
+
 def test_bad_table_is_big_enough() -> None:
     assert len(BAD) >= 40
 
