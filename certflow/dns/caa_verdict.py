@@ -123,9 +123,27 @@ def _account_refusal(value: IssueValue, issuer: CaaIssuer) -> str | None:
     uri = uris[0]
     if issuer.account_uri is None:
         return f"only for account {_short(uri)} (our ACME account URL is not known yet)"
-    if uri != issuer.account_uri:  # exact string comparison, as Boulder
+    if uri not in account_uri_forms(issuer.account_uri):  # exact strings, as Boulder
         return f"only for account {_short(uri)} (ours is {_short(issuer.account_uri)})"
     return None
+
+
+_ACCT_URL = re.compile(r"(https?://)([^/]+)/acme/acct/([0-9]+)")
+_ACMEV1_HOSTS = {"acme-v02.api.letsencrypt.org": "acme-v01.api.letsencrypt.org",
+                 "acme-staging-v02.api.letsencrypt.org": "acme-staging.api.letsencrypt.org"}
+
+
+def account_uri_forms(account_uri: str) -> frozenset[str]:
+    """The accounturi values a CA takes as our account: its URL, and the legacy
+    ``/acme/reg/<id>`` form of the same id. Boulder's caaAccountURIMatches accepts
+    any of its ``accountURIPrefixes`` followed by the account's id; Let's
+    Encrypt's are its ACMEv2 ``…/acme/acct/`` and ACMEv1 ``…/acme/reg/`` URLs."""
+    found = _ACCT_URL.fullmatch(account_uri)
+    if found is None:
+        return frozenset({account_uri})
+    scheme, host, account_id = found.groups()
+    hosts = {host, _ACMEV1_HOSTS.get(host, host)}
+    return frozenset({account_uri, *(f"{scheme}{h}/acme/reg/{account_id}" for h in hosts)})
 
 
 def _method_refusal(value: IssueValue, ours: str = VALIDATION_METHOD) -> str | None:

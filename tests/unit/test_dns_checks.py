@@ -235,6 +235,25 @@ def test_accounturi_compared_exactly() -> None:
         assert not verdict.allowed, variant
 
 
+@pytest.mark.parametrize(
+    ("ours", "legacy"),
+    [
+        (ACCOUNT, "https://ca.test/acme/reg/1"),
+        ("https://acme-v02.api.letsencrypt.org/acme/acct/77", "https://acme-v01.api.letsencrypt.org/acme/reg/77"),
+        ("https://acme-v02.api.letsencrypt.org/acme/acct/77", "https://acme-v02.api.letsencrypt.org/acme/reg/77"),
+    ],
+)
+def test_accounturi_in_the_legacy_reg_form_allows(ours: str, legacy: str) -> None:
+    """Boulder's va/caa.go caaAccountURIMatches takes each of the CA's
+    accountURIPrefixes followed by the account id: Let's Encrypt lists the ACMEv1
+    ``/acme/reg/`` prefix beside ``/acme/acct/``. Red with the exact comparison
+    back (checked once); another id in that form still refuses."""
+    issuer = CaaIssuer((LE,), account_uri=ours)
+    assert caa_decision([issue(f"{LE}; accounturi={legacy}")], issuer, owner="acme.test").allowed
+    other_id = legacy.rsplit("/", 1)[0] + "/78"
+    assert not caa_decision([issue(f"{LE}; accounturi={other_id}")], issuer, owner="acme.test").allowed
+
+
 def test_accounturi_one_of_several_records_matches() -> None:
     records = [issue(f"{LE}; accounturi={OTHER_ACCOUNT}"), issue(f"{LE}; accounturi={ACCOUNT}")]
     assert caa_decision(records, OURS, owner="acme.test").allowed
