@@ -117,6 +117,8 @@ def _print_methods(methods: Sequence[MethodReadiness]) -> None:
         print(f"  method {m.method:<15} {'ready' if m.ready else 'not ready'}: {m.detail}")
         if m.record is not None and not m.ready:
             print(f"    add: {m.record.name} {m.record.type} {m.record.value}")
+        if m.caa is not None:
+            print(f"    CAA {'allows' if m.caa_allowed else 'refuses' if m.caa_allowed is False else '?'}: {m.caa}")
 
 
 async def transfer(args: argparse.Namespace) -> int:

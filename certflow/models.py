@@ -90,6 +90,10 @@ class MethodReadiness(Frozen):
     record: DnsRecord | None = None
     """The record the customer adds for this method (None for http-01 behind a CNAME
     the product already told them of)."""
+    caa_allowed: bool | None = None
+    caa: str | None = None
+    """What CAA says of issuing with this method (RFC 8657 ``validationmethods``
+    and ``accounturi`` included), judged as the CA will; None: not looked up."""
 
 
 class LimitScope(StrEnum):

@@ -324,6 +324,11 @@ class IssuersAllowed:
     reading: str
     method: str = VALIDATION_METHOD
     """The validation method CAA was judged for (the first one it allows)."""
+    fallbacks: tuple[str, ...] = ()
+    """The methods after ``method`` (of those asked about, in order) that CAA
+    allows every one of ``names`` to use: what an order may fall back to when the
+    CA offers no ``method`` challenge. Boulder judges CAA for the method that
+    validates (va/caa.go checkCAA with the authorization's challenge type)."""
 
 
 async def allowed_issuers(
@@ -359,7 +364,14 @@ async def allowed_issuers(
         allowed = [name for name, verdict in verdicts if verdict.allowed]
         if allowed:
             first = next(verdict for name, verdict in verdicts if name == allowed[0])
-            return IssuersAllowed(allowed, first.reason, caa_reading(found), method)
+            later = methods[list(methods).index(method) + 1 :]
+            by_name = dict(issuers)
+            fallbacks = tuple(
+                m
+                for m in later
+                if all(caa_allows(found, by_name[n], wildcard=wildcard, method=m).allowed for n in allowed)
+            )
+            return IssuersAllowed(allowed, first.reason, caa_reading(found), method, fallbacks)
     verdicts = [
         (name, caa_allows(found, issuer, wildcard=wildcard, method=methods[0]))
         for name, issuer in issuers

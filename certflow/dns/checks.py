@@ -15,6 +15,7 @@ import dns.rdtypes.ANY.NS
 import dns.rdtypes.ANY.TXT
 
 from certflow.dns.caa_records import ISSUER_DOMAIN_RE, CaaAnswerSet, parse_caa_response
+from certflow.dns.caa_methods import caa_by_method
 from certflow.dns.caa_verdict import CaaIssuer, allowed_issuers
 from certflow.dns.cname import follow_cname_chain
 from certflow.dns.dns01 import Dns01Zone, check_delegation, probe
@@ -149,7 +150,10 @@ class DnsChecker:
                 ErrorCode.DNS_PERSIST,
                 f"{reason}, but CAA allows none of the CAs it names ({', '.join(only or [])})",
             )
-        methods = [m for m, _, _ in ready[ready.index((method, reason, only)):]]
+        # Handed on only as far as CAA lets every allowed CA validate with them: an
+        # order falls back to a later method when the CA offers no challenge of
+        # the first, and the CA judges CAA for the method that validates.
+        methods = [method, *(m for m, _, _ in ready if str(m) in allowed.fallbacks)]
         return DnsVerdict(
             allowed_issuers=names, caa_reading=allowed.reading, methods=methods, method_reason=reason
         )
@@ -170,7 +174,11 @@ class DnsChecker:
                 found.append(MethodReadiness(method=method, ready=False, detail=err.message, record=record))
             else:
                 found.append(MethodReadiness(method=method, ready=True, detail=detail, record=record))
-        return found
+        verdicts = await caa_by_method(host, self.caa_issuers, self.lookup_caa, [str(m.method) for m in found])
+        return [
+            m.model_copy(update={"caa_allowed": verdicts[m.method][0], "caa": verdicts[m.method][1]})
+            for m in found
+        ]
 
     def record_for(self, hostname: str, method: ValidationMethod) -> DnsRecord | None:
         """The record a customer adds so that ``method`` is ready (None: this

@@ -14,7 +14,7 @@ from acme import challenges
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from certflow.dns import dns01
-from certflow.dns.caa_records import CaaAnswerSet
+from certflow.dns.caa_records import CaaAnswer, CaaAnswerSet, CaaRecord
 from certflow.dns.caa_verdict import CaaIssuer
 from certflow.dns.checks import DnsChecker
 from certflow.dns.lookup import CnameAnswer
@@ -190,3 +190,56 @@ async def test_an_explicit_method_is_the_only_one_tried() -> None:
     with pytest.raises(DnsCheckError) as raised:
         await _checker(_Dns({host: "edge.saas.test"}, {})).check(host, RequestedMethod.DNS_01)
     assert raised.value.code is ErrorCode.DNS_DELEGATION
+
+
+class _DnsWithCaa(_Dns):
+    """The fake lookups, with one CAA set at the hostname."""
+
+    def __init__(self, cnames: dict[str, str], txts: dict[str, list[str]], caa: dict[str, list[str]]) -> None:
+        super().__init__(cnames, txts)
+        self.caa_values = caa
+
+    async def caa(self, name: str) -> CaaAnswerSet:
+        values = self.caa_values.get(name, [])
+        return CaaAnswerSet(cnames=[], caa=[CaaAnswer(name, CaaRecord(0, "issue", v)) for v in values])
+
+
+@pytest.mark.parametrize(
+    ("allowed", "handed_on"),
+    [
+        ("dns-persist-01", [ValidationMethod.DNS_PERSIST_01]),
+        ("dns-persist-01,dns-01", [ValidationMethod.DNS_PERSIST_01, ValidationMethod.DNS_01]),
+        ("http-01,dns-persist-01", [ValidationMethod.DNS_PERSIST_01, ValidationMethod.HTTP_01]),
+    ],
+)
+async def test_a_fallback_method_is_handed_on_only_when_caa_allows_it(
+    allowed: str, handed_on: list[ValidationMethod]
+) -> None:
+    """Boulder judges CAA (RFC 8657 ``validationmethods``) for the challenge that
+    validates (va/caa.go checkCAA, caaValidationMethodMatches): a method an order
+    may fall back to, when the CA offers no challenge of the first, must be
+    allowed too. Red with every later ready method handed on (the first case
+    got dns-01 and http-01 as fallbacks, which Boulder would refuse; checked once)."""
+    host = "shop.test"
+    delegation = {f"_acme-challenge.{host}": ZONE.target(host)}
+    edge = {host: "edge.saas.test"}
+    persist = {f"_validation-persist.{host}": [f"ca.example; accounturi={ACCOUNT}"]}
+    caa = {host: [f"ca.example; validationmethods={allowed}"]}
+    verdict = await _checker(_DnsWithCaa(delegation | edge, persist, caa)).check(host)
+    assert verdict.methods == handed_on
+
+
+async def test_check_shows_caas_verdict_for_each_method() -> None:
+    """``starter.py check`` and ``status`` show CAA per method, not for http-01
+    alone: with ``validationmethods=dns-01`` the edge's route is ready but CAA
+    refuses it, and dns-01 is both ready and allowed. Red with every method judged
+    as http-01 (checked once: dns-01 shown as refused)."""
+    host = "shop.test"
+    delegation = {f"_acme-challenge.{host}": ZONE.target(host)}
+    edge = {host: "edge.saas.test"}
+    caa = {host: ["ca.example; validationmethods=dns-01"]}
+    found = {m.method: m for m in await _checker(_DnsWithCaa(delegation | edge, {}, caa)).readiness(host)}
+    assert found[ValidationMethod.HTTP_01].ready and found[ValidationMethod.HTTP_01].caa_allowed is False
+    assert "validationmethods=dns-01" in (found[ValidationMethod.HTTP_01].caa or "")
+    assert found[ValidationMethod.DNS_01].ready and found[ValidationMethod.DNS_01].caa_allowed is True
+    assert (found[ValidationMethod.DNS_01].caa or "").endswith("(ca)")
