@@ -98,19 +98,22 @@ class ObtainActivities:
 def validation_of(input: OrderAndValidateInput, placed: PlacedOrder) -> ValidateOrderInput | None:
     """validate_order's work for the order ``order_and_validate`` placed; None for a
     dns-01 challenge (its TXT is published before the accept)."""
-    if placed.method is ValidationMethod.DNS_01:
+    if placed.method is ValidationMethod.DNS_01 and not placed.authorized:
         return None
     return ValidateOrderInput(
         wait=WaitForOrderInput(
             order_url=placed.order_url,
             challenge_url=placed.challenge_url,
             within_seconds=input.within_seconds,
-            accept_first=True,
+            # A reused valid authorization: nothing to fetch or accept, only the order to read.
+            accept_first=not placed.authorized,
             issuer=input.order.issuer,
         ),
         certificate_id=input.order.certificate_id,
         hostname=input.order.hostname,
-        self_check=input.self_check and placed.method in (None, ValidationMethod.HTTP_01),
+        self_check=input.self_check
+        and not placed.authorized
+        and placed.method in (None, ValidationMethod.HTTP_01),
         token=placed.token,
         key_authorization=placed.key_authorization,
     )

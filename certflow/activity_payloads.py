@@ -132,6 +132,9 @@ class OpenedOrder(Frozen):
     """The RFC 9773 certID of the certificate this order renews, when sent."""
     method: ValidationMethod | None = None
     """The challenge's type (None: http-01, as before methods)."""
+    authorized: bool = False
+    """The CA reused an authorization already valid: nothing to answer, check or
+    publish; the order is ready."""
 
 
 class PlacedOrder(OpenedOrder):

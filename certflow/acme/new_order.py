@@ -24,6 +24,7 @@ from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
 from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
 from certflow.acme.slots import HeldBack, NoOrderSlotError, OrderSlot, order_slot
 from certflow.activity_payloads import OpenedOrder, PlaceOrderInput, PlacedOrder
+from certflow.dns.persist import check_challenge
 from certflow.errors import AcmeProblemError, ErrorCode, ProvisioningError
 from certflow.hostnames import registered_domain
 from certflow.models import CertificateRecord, Cooldown, LimitScope, OrderKind, ValidationMethod
@@ -197,29 +198,33 @@ class NewOrders(IssuerExchange):
         order_url = response.headers["Location"]
         authorization_url = order.authorizations[0]
         authz = self._fetch_authorization(client, authorization_url)
-        # An unknown type (dns-persist-01 to acme 5.9) is an UnrecognizedChallenge,
-        # whose class has no ``typ``: the type is in its JSON.
-        offered = {str(challb.to_partial_json().get("type")): challb for challb in authz.challenges}
         wanted = list(methods) or [ValidationMethod.HTTP_01]
-        for method in wanted:
-            challb = offered.get(str(method))
-            if challb is None:
-                continue
-            token = challb.chall.encode("token") if hasattr(challb.chall, "token") else ""
-            return OpenedOrder(
-                order_url=order_url,
-                authorization_url=authorization_url,
-                challenge_url=challb.uri,
-                token=token,
-                key_authorization=self._clients.key_authorization(token) if token else "",
-                replaces=replaces,
-                method=None if method is ValidationMethod.HTTP_01 and not methods else method,
+        chosen = choose_challenge(authz, wanted)
+        if chosen is None:
+            offered = sorted(str(c.to_partial_json().get("type")) for c in authz.challenges)
+            names = ", ".join(str(m) for m in wanted)
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_REJECTED,
+                message=f"the CA {self.name} offers no {names} challenge for {hostname}"
+                f" (it offers {', '.join(offered) or 'none'})",
             )
-        names = ", ".join(str(m) for m in wanted)
-        raise AcmeProblemError(
-            code=ErrorCode.ACME_REJECTED,
-            message=f"the CA {self.name} offers no {names} challenge for {hostname}"
-            f" (it offers {', '.join(sorted(offered)) or 'none'})",
+        challb, method = chosen
+        if method is ValidationMethod.DNS_PERSIST_01 and authz.status != messages.STATUS_VALID:
+            # The record was judged against our account URL; the challenge holds what
+            # the CA compares. Differing, nothing is accepted (DNS_PERSIST).
+            check_challenge(
+                challb.to_partial_json(), hostname, self._clients.issuer.caa_domains, self._clients.account_url
+            )
+        token = challb.chall.encode("token") if hasattr(challb.chall, "token") else ""
+        return OpenedOrder(
+            order_url=order_url,
+            authorization_url=authorization_url,
+            challenge_url=challb.uri,
+            token=token,
+            key_authorization=self._clients.key_authorization(token) if token else "",
+            replaces=replaces,
+            method=None if method is ValidationMethod.HTTP_01 and not methods else method,
+            authorized=authz.status == messages.STATUS_VALID,
         )
 
     def _fetch_authorization(
@@ -286,7 +291,9 @@ class NewOrders(IssuerExchange):
             order: OpenedOrder, slot: OrderSlot
         ) -> tuple[OpenedOrder, CertificateRecord | None]:
             reason = input.method_reason
-            if reason is not None and input.methods and order.method is not input.methods[0]:
+            if order.authorized:
+                reason = f"{order.method or 'http-01'}: the CA {self.name} reused a valid authorization"
+            elif reason is not None and input.methods and order.method is not input.methods[0]:
                 reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
             row = await certificates.persist_challenge(
                 slot.connection,
@@ -302,6 +309,28 @@ class NewOrders(IssuerExchange):
             return order, row
 
         return persist
+
+
+def choose_challenge(
+    authz: messages.Authorization, wanted: Sequence[ValidationMethod]
+) -> tuple[messages.ChallengeBody, ValidationMethod] | None:
+    """The challenge to answer: the first of ``wanted`` the authorization offers.
+    An authorization the CA reused already valid needs none: Boulder lists only
+    the challenge that validated it, whatever its type, and the order is ready,
+    so that challenge is taken (its type when certflow knows it, else the first
+    wanted). None: nothing to answer with."""
+    # An unknown type (dns-persist-01 to acme 5.9) is an UnrecognizedChallenge,
+    # whose class has no ``typ``: the type is in its JSON.
+    offered = {str(c.to_partial_json().get("type")): c for c in authz.challenges}
+    if authz.status == messages.STATUS_VALID and authz.challenges:
+        valid = [c for c in authz.challenges if c.status == messages.STATUS_VALID] or list(authz.challenges)
+        kind = str(valid[0].to_partial_json().get("type"))
+        known = {str(m): m for m in ValidationMethod}
+        return valid[0], known.get(kind, wanted[0])
+    for method in wanted:
+        if str(method) in offered:
+            return offered[str(method)], method
+    return None
 
 
 async def _opened(order: OpenedOrder, slot: OrderSlot) -> OpenedOrder:
