@@ -140,16 +140,22 @@ class DnsChecker:
                 ready.append((method, reason, only))
         if not ready:
             raise self._none_ready(host, requested, failures)
-        allowed = await allowed_issuers(
-            host, self.caa_issuers, self.lookup_caa, [str(m) for m, _, _ in ready]
-        )
-        method, reason, only = next(r for r in ready if str(r[0]) == allowed.method)
-        names = [n for n in allowed.names if only is None or n in only]
-        if not names:
-            raise DnsCheckError(
+        while True:
+            allowed = await allowed_issuers(
+                host, self.caa_issuers, self.lookup_caa, [str(m) for m, _, _ in ready]
+            )
+            method, reason, only = next(r for r in ready if str(r[0]) == allowed.method)
+            names = [n for n in allowed.names if only is None or n in only]
+            if names:
+                break
+            # A persist record for CAs that CAA does not allow: the next method may do.
+            refused = DnsCheckError(
                 ErrorCode.DNS_PERSIST,
                 f"{reason}, but CAA allows none of the CAs it names ({', '.join(only or [])})",
             )
+            ready.remove((method, reason, only))
+            if not ready:
+                raise refused
         # Handed on only as far as CAA lets every allowed CA validate with them: an
         # order falls back to a later method when the CA offers no challenge of
         # the first, and the CA judges CAA for the method that validates.

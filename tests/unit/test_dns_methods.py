@@ -74,7 +74,9 @@ def test_a_bad_tsig_key_is_refused_without_quoting_the_secret(text: str) -> None
         ([f"ca.example; accounturi={ACCOUNT}; persistUntil=soon"], "shop.test", "not a UNIX time"),
         ([f"ca.example; accounturi={ACCOUNT}"], "*.shop.test", "lacks policy=wildcard"),
         ([f"ca.example; accounturi={ACCOUNT}; policy=Wildcard"], "*.shop.test", None),
-        (["ca.example accounturi"], "shop.test", "not an issue-value"),
+        # No ";": the issuer is "ca.example accounturi", no domain name, and the CA
+        # skips the record (Boulder va/dns_persist.go parseDNSPersistRecord).
+        (["ca.example accounturi"], "shop.test", "no record for ca.example (skipped, as the CA skips them"),
         # One good record among others is enough, as for the CA.
         (["other.example; x=1", f"ca.example; accounturi={ACCOUNT}"], "shop.test", None),
         ([], "shop.test", "no record for ca.example"),
@@ -243,3 +245,30 @@ async def test_check_shows_caas_verdict_for_each_method() -> None:
     assert "validationmethods=dns-01" in (found[ValidationMethod.HTTP_01].caa or "")
     assert found[ValidationMethod.DNS_01].ready and found[ValidationMethod.DNS_01].caa_allowed is True
     assert (found[ValidationMethod.DNS_01].caa or "").endswith("(ca)")
+
+
+async def test_a_persist_record_for_a_ca_caa_refuses_falls_through_to_the_next_method() -> None:
+    """Two CAs, the customer's persist record names the one CAA does not allow:
+    Boulder would refuse that CA on CAA, so certflow tries the next ready method
+    (dns-01, with the CA CAA allows) instead of stopping on DNS_PERSIST. Red with
+    the refusal raised at once (checked once)."""
+    host = "shop.test"
+    checker = DnsChecker(
+        "127.0.0.1:53",
+        "edge.saas.test",
+        "ca.example",
+        issuers=(("ca", CaaIssuer(("ca.example",), ACCOUNT)), ("other", CaaIssuer(("other.example",), ACCOUNT))),
+        dns01=ZONE,
+        persist_issuers=frozenset({"ca"}),
+    )
+    fake = _DnsWithCaa(
+        {f"_acme-challenge.{host}": ZONE.target(host)},
+        {f"_validation-persist.{host}": [f"ca.example; accounturi={ACCOUNT}"]},
+        {host: ["other.example"]},
+    )
+    object.__setattr__(checker, "lookup_cname", fake.cname)
+    object.__setattr__(checker, "lookup_txt", fake.txt)
+    object.__setattr__(checker, "lookup_caa", fake.caa)
+    verdict = await checker.check(host)
+    assert verdict.methods == [ValidationMethod.DNS_01]
+    assert verdict.allowed_issuers == ["other"]
