@@ -15,11 +15,11 @@ from activities.obtain import validation_of
 from certflow.acme.new_order import choose_challenge
 from certflow.activity_payloads import OrderAndValidateInput, PlaceOrderInput, PlacedOrder
 from certflow.hostnames import as_hostname
-from certflow.models import ValidationMethod
+from certflow.models import OrderKind, ValidationMethod
 
 
 def _authz(status: str, *challenges: tuple[str, str]) -> messages.Authorization:
-    return messages.Authorization.from_json(
+    authz: messages.Authorization = messages.Authorization.from_json(
         {
             "identifier": {"type": "dns", "value": "shop.test"},
             "status": status,
@@ -29,6 +29,7 @@ def _authz(status: str, *challenges: tuple[str, str]) -> messages.Authorization:
             ],
         }
     )
+    return authz
 
 
 def test_a_pending_authorization_answers_the_first_wanted_method() -> None:
@@ -49,7 +50,7 @@ def test_a_reused_valid_authorization_is_taken_whatever_its_challenge() -> None:
 
 def test_a_reused_authorization_is_neither_self_checked_nor_accepted() -> None:
     order = PlaceOrderInput(
-        certificate_id="c", hostname=as_hostname("shop.test"), kind="new", methods=[ValidationMethod.DNS_01]
+        certificate_id="c", hostname=as_hostname("shop.test"), kind=OrderKind.NEW, methods=[ValidationMethod.DNS_01]
     )
     placed = PlacedOrder(
         order_url="https://ca.test/order/1",
