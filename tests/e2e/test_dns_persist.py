@@ -5,20 +5,31 @@ Pebble 2.4 does not offer dns-persist-01, so the CA here is acme2certifier 0.46.
 (devstack/acme2certifier.py; its dns_persist validator implements the draft,
 wildcard policy included), resolving through Unbound on 127.0.3.53:53 (it takes
 bare IPs) in front of Knot. Orders are counted in the CA's own database.
+
+A CA whose challenge names another ``accounturi`` (draft-02's form, say) is this
+acme2certifier behind a small HTTPS proxy that rewrites the dns-persist-01
+challenges it relays and counts the challenge accepts that go through.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import json
 import secrets
+import sqlite3
+import ssl
 import subprocess
 import sys
+import threading
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,6 +107,130 @@ def stack(
 async def client(stack: PersistStack) -> AsyncIterator[CertflowClient]:
     async with client_of(stack.env) as opened:
         yield opened
+
+
+SHOWN_ACCOUNT = "https://a2c.test/acme/acct/draft-02-form"
+"""The ``accounturi`` the proxied CA's dns-persist-01 challenges show."""
+
+
+@dataclass
+class RewritingProxy:
+    """HTTPS in front of acme2certifier: every dns-persist-01 challenge it relays (in
+    an authorization or on its own) shows ``accounturi`` = ``shown``; everything
+    else goes through unchanged, ``Host`` included (a2c builds its URLs from it).
+    ``accepts``: the challenge accepts (POST, JWS payload ``{}``) it forwarded."""
+
+    directory_url: str
+    shown: str
+    accepts: list[str] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _shown(data: bytes, account: str) -> bytes:
+    try:
+        document = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(document, dict):
+        return data
+    listed = document.get("challenges")
+    challenges: list[Any] = listed if isinstance(listed, list) else [document]
+    changed = False
+    for challenge in challenges:
+        if isinstance(challenge, dict) and challenge.get("type") == "dns-persist-01" and "accounturi" in challenge:
+            challenge["accounturi"], changed = account, True
+    return json.dumps(document).encode() if changed else data
+
+
+def start_rewriting_proxy(ca: Acme2CertifierStack, shown: str) -> RewritingProxy:
+    upstream = urllib.parse.urlsplit(ca.directory_url)
+    upstream_tls = ssl.create_default_context(cafile=str(ca.ca_bundle))
+    hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "accept-encoding"}
+    proxy = RewritingProxy(directory_url="", shown=shown)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if self.command == "POST" and "/acme/chall/" in self.path and body:
+                if json.loads(body).get("payload") == "e30":  # base64url("{}")
+                    proxy.accepts.append(self.path)
+            assert upstream.hostname is not None
+            conn = http.client.HTTPSConnection(upstream.hostname, upstream.port, context=upstream_tls, timeout=30)
+            try:
+                conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                for name, value in self.headers.items():
+                    if name.lower() not in hop:
+                        conn.putheader(name, value)
+                if body is not None:
+                    conn.putheader("Content-Length", str(len(body)))
+                conn.endheaders(body)
+                answer = conn.getresponse()
+                data, headers = _shown(answer.read(), shown), answer.getheaders()
+            finally:
+                conn.close()
+            self.send_response_only(answer.status, answer.reason)
+            for name, value in headers:
+                if name.lower() not in hop:
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_POST = do_HEAD = _relay
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls_dir = ca.workdir / "tls"  # a2c's own leaf for 127.0.0.1: ca.ca_bundle trusts it
+    tls.load_cert_chain(tls_dir / "pebble-tls-cert.pem", tls_dir / "pebble-tls-key.pem")
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy.server = server
+    proxy.directory_url = f"https://127.0.0.1:{server.server_address[1]}{upstream.path}"
+    return proxy
+
+
+@dataclass
+class Draft02Stack:
+    stack: PersistStack
+    proxy: RewritingProxy
+
+
+@pytest.fixture(scope="module")
+def draft02(
+    stack: PersistStack,
+    new_database: Callable[..., str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Draft02Stack]:
+    """The same CA seen through the rewriting proxy by a worker of its own (its own
+    database, so its own account at the CA)."""
+    workdir = tmp_path_factory.mktemp("dns-persist-draft02")
+    with contextlib.ExitStack() as cleanup:
+        proxy = start_rewriting_proxy(stack.ca, SHOWN_ACCOUNT)
+        cleanup.callback(proxy.stop)
+        port = servers.free_port()
+        env = stack.env | {
+            "CERTFLOW_DATABASE_URL": new_database("certflow_dns_persist_draft02"),
+            "CERTFLOW_TASK_QUEUE": f"certflow-persist-d2-{uuid.uuid4().hex[:8]}",
+            "CERTFLOW_ACME_DIRECTORY_URL": proxy.directory_url,
+            "CERTFLOW_HTTP01_LISTEN": f"127.0.0.5:{port}",
+            "CERTFLOW_HTTP01_SELF_CHECK_PORT": str(port),
+        }
+        worker = servers.start_worker(workdir / "workers", env)
+        cleanup.callback(worker.stop)
+        yield Draft02Stack(PersistStack(stack.dns, stack.ca, stack.temporal, env, worker), proxy)
 
 
 def _persist_record(stack: PersistStack, hostname: str) -> dict[str, str]:
@@ -184,3 +319,52 @@ async def test_a_wildcard_over_dns_persist_is_served_one_label_below(
     await edge.refresh()
     assert edge.serial_for(f"a.{base}") is not None
     assert edge.serial_for(f"a.b.{base}") is None
+
+
+def _persist_challenges(ca: Acme2CertifierStack, hostname: str) -> list[tuple[str, str, int]]:
+    """(authorization status, challenge status, validated) of every dns-persist-01
+    challenge the CA made for ``hostname``, from its own database."""
+    with contextlib.closing(sqlite3.connect(ca.workdir / "acme_srv.db")) as db:
+        rows = db.execute(
+            """SELECT authz_status.name, chall_status.name, challenge.validated
+               FROM challenge
+               JOIN "authorization" ON challenge.authorization_id = "authorization".id
+               JOIN status AS authz_status ON "authorization".status_id = authz_status.id
+               JOIN status AS chall_status ON challenge.status_id = chall_status.id
+               WHERE "authorization".value = ? AND challenge.type = 'dns-persist-01'""",
+            (hostname,),
+        ).fetchall()
+    return [(str(a), str(c), int(v or 0)) for a, c, v in rows]
+
+
+async def test_a_challenge_expecting_another_accounturi_is_refused_before_the_accept(
+    draft02: Draft02Stack,
+) -> None:
+    """The CA's dns-persist-01 challenge says it expects an ``accounturi`` other than our
+    account URL (the value the record names, as ``check`` said): DNS_PERSIST naming
+    both values and the record to publish, before any accept — the proxy forwarded
+    no challenge POST, and in the CA's own database every dns-persist-01 challenge
+    and authorization for the name is still pending, never validated. Budget untouched.
+
+    Shown red: with the check_challenge call taken out of certflow/acme/new_order.py
+    ``_open_order``, the challenge was accepted and the certificate went ACTIVE (a2c
+    itself still compares with our account URL: only what the proxy shows differs)."""
+    stack, proxy = draft02.stack, draft02.proxy
+    hostname = stack.customer("draft02")
+    record = _persist_record(stack, hostname)
+    ours = record["value"].split("accounturi=", 1)[1]
+    assert ours.startswith(proxy.directory_url.rsplit("/", 1)[0]) and ours != SHOWN_ACCOUNT
+    _publish(stack, record)
+    async with client_of(stack.env) as client:
+        await client.request([hostname], method=RequestedMethod.DNS_PERSIST_01)
+        report = await wait_for(client, hostname, lambda r: r.error_code == "DNS_PERSIST", timeout=90)
+        message = report.error_message or ""
+        assert f"expects accounturi={SHOWN_ACCOUNT}" in message, message
+        assert f"our account URL {ours}" in message, message
+        assert f'{stack.ca.issuer_domain}; accounturi={SHOWN_ACCOUNT}"' in message, message
+        assert report.retry_count == 0
+        assert stack.ca.orders_for(hostname) >= 1  # the order was placed; its challenge never accepted
+        assert proxy.accepts == []
+        challenges = _persist_challenges(stack.ca, hostname)
+        assert challenges and all(c == ("pending", "pending", 0) for c in challenges), challenges
+        await client.cancel(hostname)
