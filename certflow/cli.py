@@ -86,6 +86,15 @@ def parser() -> argparse.ArgumentParser:
         "decode encrypted payloads for the Temporal Web UI and CLI (operators only; runs until stopped)",
     )
     p.add_argument("--listen", metavar="HOST:PORT", help="overrides CERTFLOW_CODEC_LISTEN")
+    p = command(
+        "edge",
+        "keep an edge holding exactly the current certificates (runs until stopped)",
+    )
+    p.add_argument("--kind", choices=["files"], help="overrides CERTFLOW_EDGE_KIND (files: nginx, …)")
+    p.add_argument("--dir", metavar="DIR", help="the files kind's directory; overrides CERTFLOW_EDGE_DIR")
+    p.add_argument(
+        "--owner", metavar="USER", help="who owns the files (nginx's worker user); overrides CERTFLOW_EDGE_OWNER"
+    )
     return root
 
 

@@ -302,6 +302,18 @@ async def codec_server_(args: argparse.Namespace) -> int:
     return 0
 
 
+async def edge_(args: argparse.Namespace) -> int:
+    """Keep an edge holding exactly the current certificates, until SIGTERM or SIGINT."""
+    from certflow.edge.process import run_edge
+    from certflow.logs import configure_logging
+    from certflow.settings import EdgeSettings
+
+    overrides = {"edge_kind": args.kind, "edge_dir": args.dir, "edge_owner": args.owner}
+    settings = load_settings(EdgeSettings, **{k: v for k, v in overrides.items() if v is not None})
+    configure_logging()  # JSON lines, as the worker's (certflow/logs.py keeps key material out)
+    return await run_edge(settings)
+
+
 COMMANDS: dict[str, Command] = {
     "request": request,
     "check": check,
@@ -318,6 +330,7 @@ COMMANDS: dict[str, Command] = {
     "rotate-keys": rotate_keys_,
     "migrate": migrate_,
     "codec-server": codec_server_,
+    "edge": edge_,
 }
 
 

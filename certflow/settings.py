@@ -263,6 +263,76 @@ class KeySettings(ClientSettings):
         return [decode_encryption_key(k) for k in self.encryption_keys_old.get_secret_value().split(",")]
 
 
+
+class EdgeSettings(KeySettings):
+    """``certflow edge``: keeps one edge holding exactly the current certificates
+    (certflow/edge/maintain.py); it decrypts keys, so it reads KeySettings too."""
+
+    edge_kind: str = "files"
+    """EDGE_KIND: which edge this process keeps current: ``files`` (a directory of
+    ``<hostname>.pem``, for nginx and any edge that reads files)."""
+    edge_dir: str = "/run/certflow-edge"
+    """EDGE_DIR: the files kind's directory (a tmpfs: keys never reach a disk)."""
+    edge_owner: str | None = None
+    """EDGE_OWNER: the user (``name``, ``uid`` or ``uid:gid``) that owns the files,
+    the edge's worker user (nginx: ``www-data``); unset, this process's own."""
+    edge_poll_seconds: float = 1.0
+    """EDGE_POLL_SECONDS: how often the change feed is read."""
+
+    @field_validator("edge_kind")
+    @classmethod
+    def _edge_kind(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value not in EDGE_KINDS:
+            raise ValueError(f"must be one of {', '.join(EDGE_KINDS)}")
+        return value
+
+    @field_validator("edge_owner")
+    @classmethod
+    def _edge_owner(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        resolve_owner(value)
+        return value.strip()
+
+    @field_validator("edge_poll_seconds")
+    @classmethod
+    def _edge_poll(cls, value: float) -> float:
+        if not 0 < value <= 300:
+            raise ValueError("must be more than 0 and at most 300")
+        return value
+
+    @property
+    def edge_owner_ids(self) -> tuple[int, int] | None:
+        return None if self.edge_owner is None else resolve_owner(self.edge_owner)
+
+
+EDGE_KINDS = ("files",)
+
+
+def resolve_owner(value: str) -> tuple[int, int]:
+    """``name``, ``uid`` or ``uid:gid`` (or ``name:group``) as (uid, gid); a name's
+    gid is its primary group."""
+    import grp
+    import pwd
+
+    user, _, group = value.strip().partition(":")
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        uid, gid = entry.pw_uid, entry.pw_gid
+    except KeyError:
+        if not user.isdigit():
+            raise ValueError(f"no such user {user!r}") from None
+        if not group:
+            raise ValueError(f"uid {user} has no passwd entry: give uid:gid") from None
+        uid, gid = int(user), -1
+    if group:
+        try:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"no such group {group!r}") from None
+    return uid, gid
+
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 

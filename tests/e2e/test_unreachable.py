@@ -54,8 +54,10 @@ ARGS: dict[str, list[str]] = {
     "migrate": ["migrate"],
 }
 POSTGRES_ONLY = {"rotate-keys", "migrate"}
-CONNECTS_NOWHERE = {"codec-server"}
-"""Serves decoding alone: no Postgres, no Temporal (tests/unit/test_payload_codec.py)."""
+CONNECTS_NOWHERE = {"codec-server", "edge"}
+"""Not one-shot: the codec server needs neither Postgres nor Temporal
+(tests/unit/test_payload_codec.py); the edge logs an unreachable Postgres and
+retries, keeping what the edge holds (tests/unit/test_edge_maintain.py)."""
 
 
 def _closed_port() -> int:

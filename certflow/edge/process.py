@@ -1,0 +1,73 @@
+"""``certflow edge``: one process beside an edge, keeping it holding exactly the
+current certificates until SIGTERM or SIGINT (certflow/edge/maintain.py).
+
+Postgres unreachable, at start or later, is one line naming it and the setting,
+then retries with backoff; the edge keeps what it holds meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import asyncpg
+
+from certflow.connections import DATABASE_SETTING, open_postgres, redact_url
+from certflow.crypto import EncryptionKey
+from certflow.edge.files import FileTarget
+from certflow.edge.maintain import BACKOFF, EdgeFollower, EdgeTarget
+from certflow.errors import ServiceUnreachableError
+from certflow.settings import EdgeSettings
+
+log = logging.getLogger("certflow.edge")
+
+
+def edge_target(settings: EdgeSettings) -> EdgeTarget:
+    """The target of the configured kind (ConfigError when it cannot be used)."""
+    # One kind so far: ``files``; the settings refuse any other.
+    return FileTarget(Path(settings.edge_dir), settings.edge_owner_ids)
+
+
+async def _open_pool(url: str, stop: asyncio.Event) -> asyncpg.Pool | None:
+    """A pool once Postgres answers (one line the first time it does not), or None
+    when stopped first."""
+    failures = 0
+    while not stop.is_set():
+        try:
+            return await open_postgres(url, max_size=2)
+        except ServiceUnreachableError as err:
+            if failures == 0:
+                log.warning("edge: %s; retrying", err)
+            failures += 1
+        try:
+            await asyncio.wait_for(stop.wait(), BACKOFF[min(failures, len(BACKOFF)) - 1])
+        except asyncio.TimeoutError:
+            pass
+    return None
+
+
+async def run_edge(settings: EdgeSettings) -> int:
+    """Run until SIGTERM or SIGINT; 0 then."""
+    target = edge_target(settings)
+    key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("edge: keeping %s (%s) current", settings.edge_dir, settings.edge_kind)
+    pool = await _open_pool(settings.database_url, stop)
+    if pool is None:
+        return 0
+    try:
+        source = f"Postgres at {redact_url(settings.database_url)} ({DATABASE_SETTING})"
+        follower = EdgeFollower(pool, key, target, poll_seconds=settings.edge_poll_seconds, source=source)
+        await follower.run(stop)
+    finally:
+        await pool.close()
+        close = getattr(target, "close", None)
+        if close is not None:
+            close()
+    log.info("edge: stopped")
+    return 0
