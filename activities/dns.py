@@ -25,6 +25,7 @@ from certflow.activity_payloads import (
     Transferred,
 )
 from certflow.store import certificates
+from certflow.store import challenges
 from certflow.store import requests
 from certflow.tracing import step_span
 
@@ -77,11 +78,13 @@ class DnsActivities:
 
     @activity.defn(name="publish_dns01")
     async def publish_dns01(self, input: Dns01ChallengeInput) -> None:
-        """Write the dns-01 TXT of the challenge persisted on the row into our zone
-        (replacing a leftover one), then wait until every authoritative server of the
-        zone answers it: the challenge is accepted only after that. DNS01_UPDATE when
-        our primary refuses the update, DNS01_NOT_VISIBLE when a server still lacks
-        it at the end of the wait."""
+        """Add the dns-01 TXT of the challenge persisted on the row at its label in our
+        zone, next to the other row's (``x`` and ``*.x`` share the label), deleting
+        leftovers no open order uses; then wait until every authoritative server of
+        the zone answers it, and, when the label held another value or the other
+        row finished an attempt lately, until no resolver can still hold the RRset
+        without it: the challenge is accepted only after that. DNS01_UPDATE when our primary refuses the update,
+        DNS01_NOT_VISIBLE when a server still lacks it at the end of the wait."""
         started = time.monotonic()
         try:
             with step_span("dns01_publish", **{"certificate.hostname": input.hostname}):
@@ -93,9 +96,12 @@ class DnsActivities:
                         ErrorCode.ACME_INVALID_ORDER, "the certificate row has no open dns-01 challenge"
                     )
                 value = dns01.txt_value(order.key_authorization)
-                await dns01.publish(zone, input.hostname, value)
+                read: list[challenges.LabelUse] = []
+                shared = await dns01.publish(zone, input.hostname, value, self._in_use(input.hostname, read))
                 activity.heartbeat("published")
                 await self._until_visible(zone, input.hostname, value)
+                if shared or any(use.finished_lately for use in read):
+                    await self._until_uncached()
         except ProvisioningError as err:
             self._metrics.step("dns01_publish", "error", started)
             raise to_application_error(err) from None
@@ -125,11 +131,27 @@ class DnsActivities:
     @activity.defn(name="withdraw_dns01")
     async def withdraw_dns01(self, input: Dns01ChallengeInput) -> None:
         """Delete the hostname's dns-01 TXT from our zone (after the order was valid or
-        abandoned); none there is no error."""
+        abandoned, the row's order cleared): each value at its label that no open
+        order uses, one RR each; the other row's value in use stays. None there is
+        no error."""
         try:
-            await dns01.withdraw(self._zone(), input.hostname)
+            await dns01.withdraw(self._zone(), input.hostname, self._in_use(input.hostname))
         except ProvisioningError as err:
             raise to_application_error(err) from None
+
+    def _in_use(self, hostname: str, read: list[challenges.LabelUse] | None = None) -> dns01.InUse:
+        """The TXT values of the open orders of the rows sharing the hostname's label
+        (each answer also appended to ``read``)."""
+        pool = self._pool
+        assert pool is not None
+
+        async def in_use() -> set[str]:
+            use = await challenges.label_use(pool, dns01.sharing_names(hostname), dns01.TXT_TTL + 1)
+            if read is not None:
+                read.append(use)
+            return {dns01.txt_value(k) for k in use.key_authorizations}
+
+        return in_use
 
     def _zone(self) -> dns01.Dns01Zone:
         zone = self._checker.dns01
@@ -138,6 +160,23 @@ class DnsActivities:
                 ErrorCode.DNS01_UPDATE, "dns-01 is not set up on this worker (CERTFLOW_DNS01_ZONE)"
             )
         return zone
+
+    async def _until_uncached(self) -> None:
+        """Wait out :data:`dns01.TXT_TTL` (and a second) after our value is on every
+        server, when the CA may have read the label lately: it held another value
+        when ours was added, or the other row finished a dns-01 attempt within the
+        TTL. The CA's resolver may have cached the RRset as it was then (for the
+        other row's validation) and serve that copy for up to the TTL: the CA would
+        find only the other value, or none ("Incorrect TXT record"), and the
+        authorization would go invalid. (A wildcard requested a moment after its name
+        was validated failed so 4 times in 4 on Unbound without this wait.) A label
+        no row used within the TTL costs no wait; this one fits in DNS01_PUBLISH's
+        60 s unless the servers took most of theirs (then the retry adds the same
+        value and waits again)."""
+        deadline = time.monotonic() + dns01.TXT_TTL + 1
+        while (left := deadline - time.monotonic()) > 0:
+            activity.heartbeat("cached")
+            await asyncio.sleep(min(left, 5.0))
 
     async def _until_visible(self, zone: dns01.Dns01Zone, hostname: str, value: str) -> None:
         deadline = time.monotonic() + VISIBLE_WITHIN_SECONDS

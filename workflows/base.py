@@ -314,8 +314,8 @@ class CertificateBase:
         return given_up.applied
 
     async def _withdraw_dns01(self, record: CertificateRecord) -> None:
-        """Delete the hostname's dns-01 TXT from our zone, best effort: the next
-        attempt replaces a leftover one anyway."""
+        """Delete the hostname's dns-01 TXT from our zone, best effort: a leftover one
+        goes at the next publish or withdraw at its label (certflow/dns/dns01.py)."""
         try:
             await run(
                 BEST_EFFORT,

@@ -2,11 +2,33 @@
 
 The customer adds once ``_acme-challenge.<host> CNAME <label>.<zone>``, the label
 derived from the hostname (one name, one label, for ever); a wildcard
-``*.<host>`` shares its base name's. For each challenge certflow replaces the TXT at
-``<label>.<zone>`` with an RFC 2136 UPDATE signed with TSIG (dnspython builds and
-signs it), and accepts only once every authoritative server of the zone (its NS
-set, asked directly) answers the new value; after the order it deletes it. The CA
-follows the customer's CNAME to our zone.
+``*.<host>`` shares its base name's. So ``x`` and ``*.x``, two rows and two
+workflows often validated at the same time, write at one label: each adds its own
+value as one more TXT RR with an RFC 2136 UPDATE signed with TSIG (dnspython builds
+and signs it), never replacing the RRset, and accepts only once every
+authoritative server of the zone (its NS set, asked directly) answers that value
+among the others; after the order it deletes values one RR at a time, never the
+RRset. The CA accepts any one of several TXT values at the name (Boulder's
+va/dns.go compares each with the expected digest). The CA follows the customer's
+CNAME to our zone.
+
+Which values at a label are still needed is the system of record's answer, not
+DNS's: a value is in use while it is the digest of the key authorization of an
+open order of a row sharing the label (the hostname or its wildcard; a row clears
+its order once it is valid or abandoned). Every other value there is a leftover of
+a finished attempt (its withdraw gave up, its workflow was terminated, an activity
+timed out but still ran, code older than this): the next publish or withdraw at the label deletes it, whichever row it
+belonged to, and never a value in use. The TXT set is read from the primary
+before the values in use are read from Postgres, so a value added in between (its
+order persisted first) is not in the set read and is never taken for a leftover.
+
+The CA reads the label through a recursive resolver, which may keep the RRset it
+fetched for the other row's validation for up to :data:`TXT_TTL` (Let's Encrypt's
+resolvers up to 60 s): a value added after that fetch is not seen until it
+expires. :func:`publish` adds ours only to the RRset as it read it (an RFC 2136
+prerequisite), so it knows whether the label held another value then, and the
+activity waits the TTL out before accepting when it did (or when the other row
+finished an attempt within the TTL).
 """
 
 from __future__ import annotations
@@ -15,7 +37,7 @@ import asyncio
 import base64
 import binascii
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import dns.asyncquery
@@ -24,6 +46,8 @@ import dns.flags
 import dns.message
 import dns.name
 import dns.rcode
+import dns.rdata
+import dns.rdataclass
 import dns.rdatatype
 import dns.rdtypes.ANY.TXT
 import dns.tsig
@@ -41,7 +65,10 @@ from certflow.models import DnsRecord
 
 CHALLENGE_LABEL = "_acme-challenge"
 TXT_TTL = 30
-"""Short: a value replaced for the next challenge must not linger in caches."""
+"""Short: a value withdrawn, or an RRset read before a value was added, must not
+linger in caches. The CA reads through a recursive resolver (Let's Encrypt's cap
+what they keep at 60 s), which may hold an RRset fetched before our value was
+added for up to this long: see :func:`publish`'s ``shared``."""
 UPDATE_TIMEOUT_SECONDS = 10.0
 _TSIG_ALGORITHMS = {
     "hmac-sha256": dns.tsig.HMAC_SHA256,
@@ -113,6 +140,13 @@ def base_name(hostname: str) -> str:
     return hostname[2:] if hostname.startswith("*.") else hostname
 
 
+def sharing_names(hostname: str) -> tuple[str, str]:
+    """The hostnames whose challenges share the hostname's label: its base name and
+    that name's wildcard."""
+    base = base_name(hostname)
+    return base, f"*.{base}"
+
+
 def delegation_label(hostname: str) -> str:
     """A DNS label for the hostname, the same for ever: 120 bits of SHA-256 of its
     base name, base32 (24 letters and digits). A wildcard shares its base name's."""
@@ -165,7 +199,15 @@ def _update(zone: Dns01Zone) -> dns.update.UpdateMessage:
     )
 
 
-async def _send(zone: Dns01Zone, update: dns.update.UpdateMessage, what: str) -> None:
+_PREREQUISITE_FAILED = frozenset(
+    {dns.rcode.NXRRSET, dns.rcode.YXRRSET, dns.rcode.NXDOMAIN, dns.rcode.YXDOMAIN}
+)
+"""RFC 2136 §3.2: a prerequisite did not hold; nothing was changed."""
+
+
+async def _send(zone: Dns01Zone, update: dns.update.UpdateMessage, what: str) -> bool:
+    """Send ``update`` to our primary: True once applied, False when one of its
+    prerequisites did not hold (nothing changed); a typed error otherwise."""
     host, port = parse_resolver_address(zone.primary)
 
     def refused(reason: str) -> ProvisioningError:
@@ -182,18 +224,113 @@ async def _send(zone: Dns01Zone, update: dns.update.UpdateMessage, what: str) ->
             ErrorCode.ACME_TEMPORARY, f"our DNS primary {zone.primary} did not answer: {err!r}"
         ) from None
     rcode = response.rcode()
+    if rcode in _PREREQUISITE_FAILED and update.prerequisite:
+        return False
     if rcode != dns.rcode.NOERROR:
         raise refused(dns.rcode.to_text(rcode))
+    return True
 
 
-async def publish(zone: Dns01Zone, hostname: str, value: str) -> None:
-    """Make ``value`` the only TXT at the hostname's label (a leftover one of an
-    earlier attempt is replaced in the same update)."""
+InUse = Callable[[], Awaitable[Collection[str]]]
+"""The TXT values still needed at a label: those of the open orders of the rows
+sharing it (Postgres), read when called."""
+
+
+def _txt(value: str) -> dns.rdata.Rdata:
+    return dns.rdata.from_text(dns.rdataclass.IN, dns.rdatatype.TXT, f'"{value}"')
+
+
+def leftovers(present: Sequence[str], in_use: Collection[str], value: str | None = None) -> list[str]:
+    """The values of ``present`` (the TXT set at a label) that no open order uses,
+    ``value`` (the one being published) aside: each one to delete."""
+    return [v for v in dict.fromkeys(present) if v not in in_use and v != value]
+
+
+def publish_update(
+    zone: Dns01Zone, hostname: str, value: str, present: Sequence[str] | None, stale: Sequence[str] = ()
+) -> dns.update.UpdateMessage:
+    """The UPDATE adding ``value`` as one TXT RR at the hostname's label (RFC 2136
+    §2.5.1: added to the RRset, whatever else it holds; the same RR twice is one)
+    and deleting each of ``stale``, one RR each (§2.5.4), never the RRset. With
+    ``present`` (the values read at the label), only if the RRset is still exactly
+    those (§2.4.2; §2.4.3 none when empty): what the label held when ours was added
+    is then known for sure."""
     update = _update(zone)
     owner = delegation_label(hostname)
-    update.delete(owner, "TXT")
-    update.add(owner, TXT_TTL, "TXT", f'"{value}"')
-    await _send(zone, update, f"write the TXT of {zone.target(hostname)}")
+    if present is not None and present:
+        update.present(owner, *(_txt(v) for v in dict.fromkeys(present)))
+    elif present is not None:
+        update.absent(owner, dns.rdatatype.TXT)
+    for old in stale:
+        update.delete(owner, _txt(old))
+    update.add(owner, TXT_TTL, _txt(value))
+    return update
+
+
+def delete_update(zone: Dns01Zone, hostname: str, stale: Sequence[str]) -> dns.update.UpdateMessage:
+    """The UPDATE deleting each of ``stale`` at the hostname's label, one RR each
+    (RFC 2136 §2.5.4), never the RRset."""
+    update = _update(zone)
+    owner = delegation_label(hostname)
+    for old in stale:
+        update.delete(owner, _txt(old))
+    return update
+
+
+async def values_at_primary(zone: Dns01Zone, hostname: str) -> list[str]:
+    """The TXT values at the hostname's label as our primary answers them now (over
+    TCP, no recursion): where updates land, so never behind them."""
+    host, port = parse_resolver_address(zone.primary)
+    query = dns.message.make_query(dns.name.from_text(zone.target(hostname)), dns.rdatatype.TXT)
+    query.flags &= ~dns.flags.RD
+    try:
+        response = await dns.asyncquery.tcp(query, host, timeout=zone.timeout, port=port)
+    except (dns.exception.DNSException, OSError, asyncio.TimeoutError) as err:
+        raise ProvisioningError(
+            ErrorCode.ACME_TEMPORARY, f"our DNS primary {zone.primary} did not answer: {err!r}"
+        ) from None
+    rcode = response.rcode()
+    if rcode not in (dns.rcode.NOERROR, dns.rcode.NXDOMAIN):
+        raise ProvisioningError(
+            ErrorCode.DNS01_UPDATE,
+            f"our DNS primary {zone.primary} refused to read the TXT of {zone.target(hostname)}:"
+            f" {dns.rcode.to_text(rcode)}",
+        )
+    return _txt_values(response)
+
+
+def _txt_values(response: dns.message.Message) -> list[str]:
+    return [
+        b"".join(rdata.strings).decode()
+        for rrset in response.answer
+        if rrset.rdtype == dns.rdatatype.TXT
+        for rdata in rrset
+        if isinstance(rdata, dns.rdtypes.ANY.TXT.TXT)
+    ]
+
+
+PUBLISH_TRIES = 4
+"""Tries of the update that adds our value to the label as we read it (the other
+row's update landing between the read and ours makes it fail, changing nothing)."""
+
+
+async def publish(zone: Dns01Zone, hostname: str, value: str, in_use: InUse) -> bool:
+    """Add ``value`` at the hostname's label, next to whatever other values are
+    there (the other row's), and delete, in the same update, each leftover no open
+    order uses (:func:`leftovers`). The update holds only if the label still holds
+    what was read (else it is read again), so the return is exact: ``shared``,
+    whether the label held another value when ours was added. The CA's resolver may
+    then hold an RRset without ours (see :data:`TXT_TTL`). When the label changes
+    under every try, ours is added whatever is there (leftovers stay) and the
+    answer is True."""
+    what = f"add a TXT at {zone.target(hostname)}"
+    for _ in range(PUBLISH_TRIES):
+        present = await values_at_primary(zone, hostname)
+        stale = leftovers(present, await in_use(), value)  # read after ``present``: see the module
+        if await _send(zone, publish_update(zone, hostname, value, present, stale), what):
+            return any(v != value for v in present)
+    await _send(zone, publish_update(zone, hostname, value, None), what)
+    return True
 
 
 PROBE_LABEL = "_certflow-probe"
@@ -207,11 +344,16 @@ async def probe(zone: Dns01Zone) -> None:
     await _send(zone, update, "accept a signed update")
 
 
-async def withdraw(zone: Dns01Zone, hostname: str) -> None:
-    """Delete the TXT at the hostname's label (none there is no error)."""
-    update = _update(zone)
-    update.delete(delegation_label(hostname), "TXT")
-    await _send(zone, update, f"delete the TXT of {zone.target(hostname)}")
+async def withdraw(zone: Dns01Zone, hostname: str, in_use: InUse) -> list[str]:
+    """Delete the values at the hostname's label that no open order uses, one RR
+    each: the finished order's (its row has cleared it), and any leftover; a value
+    in use (the other row's, under validation) stays. Returns those deleted (none
+    there is no error, and sends nothing)."""
+    present = await values_at_primary(zone, hostname)
+    stale = leftovers(present, await in_use())  # read after ``present``: see the module
+    if stale:
+        await _send(zone, delete_update(zone, hostname, stale), f"delete a TXT at {zone.target(hostname)}")
+    return stale
 
 
 AddressLookup = Callable[[str, str], Awaitable[list[str]]]
@@ -228,8 +370,9 @@ async def missing_on(
     addresses: AddressLookup,
 ) -> list[str]:
     """The authoritative servers of the zone (each address of each NS, asked directly,
-    no recursion) that do not answer ``value`` at the hostname's label yet; empty
-    when every one does."""
+    no recursion) that do not answer ``value`` among the TXT values at the
+    hostname's label yet (the other row's may be there too); empty when every one
+    does."""
     names = await nameservers(zone.zone)
     if not names:
         return [f"the NS set of {zone.zone} (none found)"]
@@ -258,11 +401,4 @@ async def _answers(server: str, port: int, name: dns.name.Name, value: str, time
         response = await dns.asyncquery.udp_with_fallback(query, server, timeout=timeout, port=port)
     except (dns.exception.DNSException, OSError, ValueError):
         return False
-    response_message = response[0]
-    for rrset in response_message.answer:
-        if rrset.rdtype != dns.rdatatype.TXT:
-            continue
-        for rdata in rrset:
-            if isinstance(rdata, dns.rdtypes.ANY.TXT.TXT) and b"".join(rdata.strings).decode() == value:
-                return True
-    return False
+    return value in _txt_values(response[0])  # ours among the others, not the only one

@@ -1,8 +1,9 @@
 """What the HTTP-01 responder answers: the open challenges' key
-authorizations, and the probes of ``check``."""
+authorizations, and the probes of ``check``; which dns-01 TXT values are in use."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -40,4 +41,37 @@ async def remove_probe(pool: asyncpg.Pool, token: str) -> None:
     """Remove the probe, and any left behind by a check that died mid-way."""
     await pool.execute(
         "DELETE FROM http01_probes WHERE token = $1 OR expires_at < now()", token
+    )
+
+@dataclass(frozen=True)
+class LabelUse:
+    """What Postgres says of the rows sharing one dns-01 label (a name and its
+    wildcard): which TXT values are in use there, and whether one of those rows
+    finished a dns-01 attempt a moment ago (so the CA may have read the label)."""
+
+    key_authorizations: list[str]
+    """Those of the rows' open orders: a TXT value at the label is in use while it
+    is the digest of one of them (certflow/dns/dns01.py)."""
+    finished_lately: bool
+    """A row without an open order whose last order was dns-01, written to within
+    the given seconds (its order cleared once valid or abandoned, as a rule)."""
+
+
+async def label_use(pool: asyncpg.Pool, hostnames: tuple[str, str], within_seconds: float) -> LabelUse:
+    """:class:`LabelUse` of the rows of ``hostnames`` (one statement)."""
+    rows = await pool.fetch(
+        """
+        SELECT http_challenge_key_auth,
+               http_challenge_key_auth IS NULL AND validation_method = 'dns-01'
+                   AND updated_at > now() - make_interval(secs => $3) AS finished_lately
+        FROM certificates WHERE hostname = $1 OR hostname = $2
+        """,
+        *hostnames,
+        within_seconds,
+    )
+    return LabelUse(
+        key_authorizations=[
+            str(row["http_challenge_key_auth"]) for row in rows if row["http_challenge_key_auth"] is not None
+        ],
+        finished_lately=any(row["finished_lately"] for row in rows),
     )

@@ -22,7 +22,7 @@ import sys
 import threading
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,18 +60,28 @@ class CaView:
     authorizations the CA served."""
     posted: list[tuple[str, str]] = field(default_factory=list)
     """(identifier, type) of each accept."""
+    invalid: dict[str, str] = field(default_factory=dict)
+    """Authorization path → its identifier, for each authorization the CA answered
+    ``invalid`` (read from the authorization itself, its challenge or its order)."""
+    authz_identifiers: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def install(self, proxy: FaultProxy) -> None:
         proxy.on_forwarded(Endpoint.NEW_ORDER, self._on_new_order)
         proxy.on_forwarded(Endpoint.AUTHZ, self._on_authz)
         proxy.on_forwarded(Endpoint.CHALLENGE, self._on_challenge)
+        proxy.on_forwarded(Endpoint.ORDER, self._on_order)
 
     def _on_new_order(self, request: Forwarded) -> None:
         if request.status == 201:
+            order = json.loads(request.response_body)
             with self.lock:
                 for hostname in request.identifiers:
                     self.created.setdefault(hostname, []).append(request.header("Location") or "")
+                if len(request.identifiers) == 1:  # certflow's orders: one identifier each
+                    for url in order.get("authorizations", []):
+                        path = urllib.parse.urlsplit(url).path
+                        self.authz_identifiers[path] = next(iter(request.identifiers))
 
     def _on_authz(self, request: Forwarded) -> None:
         if request.status == 200:
@@ -81,12 +91,35 @@ class CaView:
                 with self.lock:
                     path = urllib.parse.urlsplit(challenge["url"]).path
                     self.challenges[path] = (identifier, challenge["type"])
+            if authorization.get("status") == "invalid":
+                with self.lock:
+                    self.invalid[urllib.parse.urlsplit(request.path).path] = identifier
 
     def _on_challenge(self, request: Forwarded) -> None:
+        path = urllib.parse.urlsplit(request.path).path
         if request.method == "POST" and request.payload == b"{}" and request.status == 200:
-            path = urllib.parse.urlsplit(request.path).path
             with self.lock:
                 self.posted.append(self.challenges.get(path, ("?", "?")))
+        if request.status == 200 and json.loads(request.response_body).get("status") == "invalid":
+            up = next(
+                (v for k, v in request.response_headers if k.lower() == "link" and 'rel="up"' in v), None
+            )
+            with self.lock:
+                identifier = self.challenges.get(path, ("?", "?"))[0]
+                self.invalid[urllib.parse.urlsplit((up or "<?>").split(";")[0].strip("<> ")).path] = identifier
+
+    def _on_order(self, request: Forwarded) -> None:
+        if request.status == 200 and json.loads(request.response_body).get("status") == "invalid":
+            with self.lock:
+                for url in json.loads(request.response_body).get("authorizations", []):
+                    path = urllib.parse.urlsplit(url).path
+                    self.invalid.setdefault(path, self.authz_identifiers.get(path, "?"))
+
+    def invalid_for(self, names: set[str]) -> dict[str, str]:
+        """The authorizations the CA answered ``invalid`` for any of ``names`` (a
+        wildcard's authorization names its base domain)."""
+        with self.lock:
+            return {path: name for path, name in self.invalid.items() if name in names}
 
     def orders(self, hostname: str) -> int:
         with self.lock:
@@ -373,8 +406,8 @@ async def test_a_worker_killed_after_the_txt_is_written_orders_once_and_leaves_n
     stack: DnsValidationStack, client: CertflowClient
 ) -> None:
     """SIGKILL the moment our TXT is on the primary, before the CA is asked: the
-    restarted worker writes it again (replacing it), accepts, and the certificate is
-    ACTIVE after one order; no TXT is left on either server.
+    restarted worker adds it again (the same RR: still one), accepts, and the
+    certificate is ACTIVE after one order; no TXT is left on either server.
 
     Shown red: with ``withdraw_dns01`` not called after the store, the TXT stayed
     on both servers and the last assertion failed."""
@@ -406,6 +439,122 @@ async def test_a_worker_killed_after_the_txt_is_written_orders_once_and_leaves_n
     allowed = 1 if accepts_before_kill == 0 else 2
     assert 1 <= stack.ca.orders(hostname) <= allowed, (stack.ca.orders(hostname), accepts_before_kill)
     assert await _withdrawn(stack, hostname) == [[], []]
+
+
+PAIRS = 10
+"""Base names the pair test requests, each with its wildcard in one CLI command."""
+PAIRS_AT_ONCE = 5
+"""How many of those commands run at the same time (two waves)."""
+
+
+async def _request_pair(stack: DnsValidationStack, base: str, wait: float) -> tuple[int, str, float]:
+    """``starter.py request BASE '*.BASE' --method dns-01 --wait WAIT``, as a customer
+    asking for a name and its wildcard does: (exit code, output, seconds)."""
+    env = {k: v for k, v in stack.env.items() if k in ("CERTFLOW_DATABASE_URL", "CERTFLOW_TEMPORAL_ADDRESS", "CERTFLOW_TASK_QUEUE")}
+    started = asyncio.get_running_loop().time()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "starter.py", "request", base, f"*.{base}", "--method", "dns-01",
+        "--wait", str(wait),
+        cwd=ROOT,
+        env=env | {"PATH": "/usr/bin:/bin"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), wait + 60)
+    elapsed = asyncio.get_running_loop().time() - started
+    return process.returncode or 0, output.decode(errors="replace"), elapsed
+
+
+async def test_a_name_and_its_wildcard_requested_together_both_issue_over_dns01(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """Issue 39: ``request shop.x '*.shop.x' --method dns-01`` in one command is two
+    rows, two workflows and two orders validated at the same time, whose TXTs live
+    at ONE label of our zone (a wildcard shares its base name's). Ten base names,
+    five commands at a time (two waves): the two workflows of a command race for
+    real (same worker, same moment, one label), and five at once keep the ten near
+    75 s (the second of each pair to add its value waits out the TXT's TTL before
+    its accept, about 35 s a command; one after another would take six minutes).
+    Every command exits 0 with both names ACTIVE, after one order each, the CA
+    answered no authorization ``invalid`` for any of them, and every label is
+    empty afterwards on both servers of our zone.
+
+    Shown red on the code before the fix (publish replacing the TXT RRset,
+    withdraw deleting all of it): 10 of 10 commands exited 1, each with one name
+    ACTIVE and the other PENDING with DNS01_NOT_VISIBLE, as in the issue. With the
+    RRset replace put back into ``publish_update`` after the fix: 9 of 10 commands
+    failed, 9 of 20 names not ACTIVE and 10 authorizations invalid at Pebble
+    ("Correct value not found for DNS challenge")."""
+    bases = [stack.customer("shop") for _ in range(PAIRS)]
+    for base in bases:
+        stack.delegate(base)
+    results: list[tuple[int, str, float]] = []
+    for wave in range(0, PAIRS, PAIRS_AT_ONCE):
+        results += await asyncio.gather(
+            *(_request_pair(stack, base, 150) for base in bases[wave : wave + PAIRS_AT_ONCE])
+        )
+    timings = ", ".join(f"{elapsed:.1f}" for _, _, elapsed in results)
+    print(f"\n[dns-01 pairs] seconds per command: {timings}")
+    statuses = {
+        name: (row["status"], row["provisioning_error"], row["provisioning_error_message"])
+        for base in bases
+        for name in (base, f"*.{base}")
+        for row in [await _row(client, name)]
+    }
+    not_active = {name: status for name, status in statuses.items() if status[0] != "ACTIVE"}
+    invalid = stack.ca.invalid_for({*bases, *(f"*.{base}" for base in bases)})
+    orders = {name: stack.ca.orders(name) for name in statuses if stack.ca.orders(name) != 1}
+    failed = [output for code, output, _ in results if code != 0]
+    assert not not_active and not invalid and not orders and not failed, (
+        f"{len(not_active)} of {len(statuses)} names not ACTIVE, {len(invalid)} authorizations"
+        f" invalid, {len(failed)} of {len(results)} commands failed; not ACTIVE: {not_active};"
+        f" invalid: {invalid}; orders: {orders}; failed commands: {failed}"
+    )
+    for base in bases:
+        assert await _withdrawn(stack, base) == [[], []], base
+
+
+async def test_a_wildcard_requested_just_after_its_name_was_validated_issues_over_dns01(
+    stack: DnsValidationStack, client: CertflowClient
+) -> None:
+    """The same pair, the wildcard requested a moment after the CA validated its
+    name: once right after the CA had the name's accept (its TXT still there or
+    just withdrawn when the wildcard's is added), once after the name is ACTIVE and
+    its TXT gone. Unbound, which the CA reads through, then holds the label's RRset
+    as it read it for the name, without the wildcard's value, for up to its TTL;
+    the wildcard's publish waits that out before it accepts. All four ACTIVE after
+    one order each, and the CA answered no authorization ``invalid``.
+
+    Shown red: with that wait taken out of ``publish_dns01``, both wildcards'
+    authorizations went invalid (a second order each); with the wait only when the
+    label held another value at the add (not when the other row finished lately),
+    the first one's did."""
+    during, after = stack.customer("shop"), stack.customer("shop")
+
+    async def pair(base: str, wildcard_when: Callable[[], Awaitable[object]]) -> None:
+        stack.delegate(base)
+        await client.request([base], method=RequestedMethod.DNS_01)
+        await wildcard_when()
+        await client.request([f"*.{base}"], method=RequestedMethod.DNS_01)
+
+    async def accepted() -> None:
+        while not stack.ca.accepted_types(during):
+            await asyncio.sleep(0.01)
+
+    async def withdrawn() -> None:
+        await wait_for(client, after, lambda r: r.status == "ACTIVE", timeout=90)
+        assert await _withdrawn(stack, after) == [[], []]
+
+    await asyncio.gather(pair(during, accepted), pair(after, withdrawn))
+    names = [name for base in (during, after) for name in (base, f"*.{base}")]
+    reports = await client.wait(names, 120)
+    invalid = stack.ca.invalid_for(set(names))
+    statuses = {name: (r.status, r.error_code) if r else None for name, r in reports.items()}
+    orders = {name: stack.ca.orders(name) for name in names}
+    assert all(r and r.status == "ACTIVE" for r in reports.values()) and not invalid, (
+        f"statuses: {statuses}; invalid authorizations: {invalid}; orders: {orders}"
+    )
+    assert set(orders.values()) == {1}, orders
 
 
 def test_check_lists_each_method_and_the_record_to_add(stack: DnsValidationStack) -> None:
@@ -468,3 +617,4 @@ async def test_status_of_a_pending_hostname_says_what_to_add(
     code, report = await asyncio.to_thread(_cli_json, stack, "status", hostname)
     assert code == 0 and isinstance(report, dict) and report["status"] == "ACTIVE", report
     assert report["methods"] is None, report["methods"]
+

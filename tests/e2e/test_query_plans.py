@@ -194,6 +194,7 @@ async def test_every_hot_query_reads_an_index(explained: ExplainingPool) -> None
     await cooldowns.try_order_slot(db, "https://ca.test/dir", 2, hostname, "t254.test", OrderKind.NEW)
     # The responder and the product's reads.
     await challenges.challenge_key_authorization(db, "tok4240", pending)
+    await challenges.label_use(db, (pending, f"*.{pending}"), 31)  # dns-01: the values in use
     await requests.certificate_state(db, hostname)
     await requests.events(db, hostname)
     await requests.waiting_for_cooldown(db)

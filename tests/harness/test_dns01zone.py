@@ -1,7 +1,9 @@
 """The updatable dns-01 zone (devstack/dns01zone.py) with certflow's own dns-01 code
 (certflow/dns/dns01.py): signed updates land on the primary and reach the
-secondary, a wrong key is refused with the server's answer, and the delegation
-check reads a customer's CNAME through Unbound."""
+secondary, two values share a label (a name's and its wildcard's) and each goes
+alone, Knot refuses an update whose prerequisite no longer holds, a wrong key is
+refused with the server's answer, and the delegation check reads a customer's
+CNAME through Unbound."""
 
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ from devstack.dns01zone import start_dns01_zone
 from devstack.realdns import RealDns, start_real_dns
 
 HOST = "shop.customer.test"
+
+
+def _in_use(*values: str) -> dns01.InUse:
+    """Postgres's answer, fixed: the values of the open orders at the label."""
+
+    async def read() -> set[str]:
+        return set(values)
+
+    return read
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +66,9 @@ async def test_a_signed_update_reaches_every_server_then_is_withdrawn(
     zone = _zone(zone_servers)
     checker = _checker(real_dns, zone)
     label = dns01.delegation_label(HOST)
-    await dns01.publish(zone, HOST, "first")
-    await dns01.publish(zone, HOST, "second")  # replaces, never adds
+    await dns01.publish(zone, HOST, "first", _in_use("first"))
+    # The next attempt's value: the first, in use no more, is a leftover it deletes.
+    await dns01.publish(zone, HOST, "second", _in_use("second"))
     assert zone_servers.txt(label) == ["second"]
     # The secondary transfers after NOTIFY, in its own time: wait on it, with a
     # deadline rather than a count of queries (a loaded machine answers 200
@@ -66,7 +78,54 @@ async def test_a_signed_update_reaches_every_server_then_is_withdrawn(
         assert time.monotonic() < deadline, f"{missing} still lack the TXT after 30 s"
         await asyncio.sleep(0.05)
     assert zone_servers.txt(label, zone_servers.servers[1]) == ["second"]
-    await dns01.withdraw(zone, HOST)
+    assert await dns01.withdraw(zone, HOST, _in_use()) == ["second"]
+    assert zone_servers.txt(label) == []
+
+
+async def _on_every_server(zone_servers: ZoneServers, label: str, values: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    while any(sorted(zone_servers.txt(label, server)) != values for server in zone_servers.servers):
+        assert time.monotonic() < deadline, [zone_servers.txt(label, s) for s in zone_servers.servers]
+        await asyncio.sleep(0.05)
+
+
+async def test_a_name_and_its_wildcard_share_the_label_and_each_goes_alone(
+    zone_servers: ZoneServers, real_dns: RealDns
+) -> None:
+    """Issue 39 on Knot: the wildcard's publish adds its value next to the name's
+    (its answer: shared), both reach the secondary, and the name's withdraw deletes
+    its own value only, on both servers."""
+    zone = _zone(zone_servers)
+    checker = _checker(real_dns, zone)
+    host = f"p{secrets.token_hex(4)}.customer.test"
+    label = dns01.delegation_label(host)
+    assert await dns01.publish(zone, host, "name-1", _in_use("name-1", "wild-1")) is False
+    assert await dns01.publish(zone, f"*.{host}", "wild-1", _in_use("name-1", "wild-1")) is True
+    await _on_every_server(zone_servers, label, ["name-1", "wild-1"])
+    for value in ("name-1", "wild-1"):  # each workflow's own check: its value among the two
+        assert await dns01.missing_on(zone, host, value, checker.lookup_ns, checker.lookup_addresses) == []
+    assert await dns01.withdraw(zone, host, _in_use("wild-1")) == ["name-1"]
+    await _on_every_server(zone_servers, label, ["wild-1"])
+    assert await dns01.withdraw(zone, f"*.{host}", _in_use()) == ["wild-1"]
+    await _on_every_server(zone_servers, label, [])
+
+
+async def test_knot_refuses_an_update_whose_label_changed_since_it_was_read(
+    zone_servers: ZoneServers,
+) -> None:
+    """The prerequisites ``publish`` relies on, as Knot applies them: "exactly these
+    values" and "no TXT" both fail (nothing changed) once another value is there."""
+    zone = _zone(zone_servers)
+    host = f"r{secrets.token_hex(4)}.customer.test"
+    label = dns01.delegation_label(host)
+    assert await dns01._send(zone, dns01.publish_update(zone, host, "theirs", []), "add") is True
+    assert await dns01._send(zone, dns01.publish_update(zone, host, "mine", []), "add") is False
+    assert await dns01._send(zone, dns01.publish_update(zone, host, "mine", ["old"]), "add") is False
+    assert await dns01._send(zone, dns01.publish_update(zone, host, "mine", ["theirs", "x"]), "add") is False
+    assert zone_servers.txt(label) == ["theirs"]
+    assert await dns01._send(zone, dns01.publish_update(zone, host, "mine", ["theirs"]), "add") is True
+    assert sorted(zone_servers.txt(label)) == ["mine", "theirs"]
+    assert sorted(await dns01.withdraw(zone, host, _in_use())) == ["mine", "theirs"]
     assert zone_servers.txt(label) == []
 
 
@@ -85,7 +144,7 @@ async def test_missing_on_names_a_server_that_lacks_the_txt(
     checker = _checker(real_dns, zone)
     zone_servers.stop_secondary()
     try:
-        await dns01.publish(zone, HOST, "while-down")
+        await dns01.publish(zone, HOST, "while-down", _in_use("while-down"))
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -104,10 +163,10 @@ async def test_missing_on_names_a_server_that_lacks_the_txt(
 
 async def test_a_wrong_key_is_refused_and_changes_nothing(zone_servers: ZoneServers) -> None:
     good = _zone(zone_servers)
-    await dns01.publish(good, HOST, "kept")
+    await dns01.publish(good, HOST, "kept", _in_use("kept"))
     wrong = f"certflow-dns01:hmac-sha256:{base64.b64encode(secrets.token_bytes(32)).decode()}"
     with pytest.raises(ProvisioningError) as raised:
-        await dns01.publish(_zone(zone_servers, wrong), HOST, "forged")
+        await dns01.publish(_zone(zone_servers, wrong), HOST, "forged", _in_use("kept", "forged"))
     assert raised.value.code is ErrorCode.DNS01_UPDATE
     assert "refused" in raised.value.message and "\n" not in raised.value.message
     assert zone_servers.txt(dns01.delegation_label(HOST)) == ["kept"]
