@@ -54,6 +54,7 @@ import dns.tsig
 import dns.tsigkeyring
 import dns.update
 
+from certflow.dns.cname import follow_cname_chain
 from certflow.dns.lookup import (
     CnameAnswer,
     DnsLookupError,
@@ -177,6 +178,15 @@ async def check_delegation(
     targets = sorted({canonical(a.target) for a in answers if canonical(a.owner) == record.name})
     if targets == [record.value]:
         return f"{record.name} is delegated to {record.value}"
+    if len(targets) == 1:
+        # A chain to our label (the customer's DNS provider aliasing its own name)
+        # is followed by the CA's recursive resolver, as by Boulder's VA.
+        try:
+            await follow_cname_chain(record.name, record.value, lookup_cname)
+        except DnsCheckError:
+            pass
+        else:
+            return f"{record.name} is delegated to {record.value} through {targets[0]}"
     if not targets:
         found = f"{record.name} has no CNAME record"
     else:

@@ -272,3 +272,19 @@ async def test_a_persist_record_for_a_ca_caa_refuses_falls_through_to_the_next_m
     verdict = await checker.check(host)
     assert verdict.methods == [ValidationMethod.DNS_01]
     assert verdict.allowed_issuers == ["other"]
+
+
+async def test_a_cname_chain_to_our_label_is_a_delegation() -> None:
+    """``_acme-challenge.<host>`` CNAME to a name of the customer's provider, which
+    aliases our label: the CA's recursive resolver follows the chain (Boulder's VA
+    asks for the TXT and takes what Unbound answers through the aliases), so the
+    delegation is ready. A chain ending elsewhere is still DNS_DELEGATION. Red
+    with the chain not followed (checked once: DNS_DELEGATION for the chain)."""
+    host = "shop.test"
+    chained = {f"_acme-challenge.{host}": "acme.provider.test", "acme.provider.test": ZONE.target(host)}
+    verdict = await dns01.check_delegation(host, ZONE, _Dns(chained, {}).cname)
+    assert "through acme.provider.test" in verdict
+    elsewhere = {f"_acme-challenge.{host}": "acme.provider.test", "acme.provider.test": "other.example.test"}
+    with pytest.raises(DnsCheckError) as raised:
+        await dns01.check_delegation(host, ZONE, _Dns(elsewhere, {}).cname)
+    assert raised.value.code is ErrorCode.DNS_DELEGATION
