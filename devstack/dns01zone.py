@@ -249,15 +249,20 @@ class Dns01Servers:
         }
 
 
-def start_dns01_servers(workdir: Path, cleanup: contextlib.ExitStack, edge: str) -> Dns01Servers:
-    """Start them in ``workdir``; each one's stop is pushed onto ``cleanup``."""
+def start_dns01_servers(
+    workdir: Path, cleanup: contextlib.ExitStack, edge: str, *, authz_reuse_percent: int = 0
+) -> Dns01Servers:
+    """Start them in ``workdir``; each one's stop is pushed onto ``cleanup``.
+    ``authz_reuse_percent``: Pebble's PEBBLE_AUTHZREUSE (100: a new order of the
+    same account and name gets the valid authorization back)."""
     zone = start_dns01_zone(workdir / "dns01")
     cleanup.callback(zone.stop)
     dns = start_real_dns(workdir / "dns", stubs=zone.stub)
     cleanup.callback(dns.stop)
     dns.set_a(edge, ["127.0.0.1"])
     pebble = start_pebble(
-        workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver, authz_reuse_percent=0
+        workdir / "pebble", nonce_reject_percent=0, dns_server=dns.resolver,
+        authz_reuse_percent=authz_reuse_percent,
     )
     cleanup.callback(pebble.stop)
     return Dns01Servers(zone, dns, pebble)
