@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 
 from temporalio.client import Interceptor
+from temporalio.runtime import Runtime
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
@@ -85,11 +86,17 @@ class WorkerParts:
 
 
 async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
-    """Everything a worker runs, wired: the Temporal client, the schema (migrations),
-    the ACME account, the worker with every activity, the schedule, the responder.
-    ConfigError (or ServiceUnreachableError) for anything an operator must fix,
-    before any request is served."""
-    runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
+    """Everything a worker runs, wired: the ACME account, the Temporal client and
+    worker with every activity, the schedule, the responder. ConfigError (or
+    ServiceUnreachableError) for anything an operator must fix, before any
+    request is served."""
+    encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
+    issuers = settings.issuer_list
+    issuer_clients = [
+        await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
+        for position, issuer in enumerate(issuers.items)
+    ]
+    runtime = metrics_runtime(settings.metrics_listen) if settings.metrics_listen else None
     metrics = (
         CertflowMetrics(runtime.metric_meter, settings.expiring_soon_days) if runtime else CertflowMetrics()
     )
@@ -99,18 +106,10 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         # No certflow client traces (the CLI, CertflowClient, the schedules), so the
         # workflow spans must not wait for a client's span to hang from.
         interceptors.append(TracingInterceptor(always_create_workflow_spans=True))
-    # Temporal before anything is written: a refused credential changes nothing.
     temporal = load_temporal_connection(settings)
     client = await open_temporal(
         temporal, data_converter=data_converter(settings), runtime=runtime, interceptors=interceptors
     )
-    await migrate(pool)
-    encryption_key = EncryptionKey(settings.encryption_key_bytes, settings.old_encryption_keys_bytes)
-    issuers = settings.issuer_list
-    issuer_clients = [
-        await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
-        for position, issuer in enumerate(issuers.items)
-    ]
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
     searchable = await register_search_attributes(client, temporal.namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
@@ -232,6 +231,15 @@ async def issuer_account(
         return AcmeClients(None, issuer, register=lambda: register(1))
 
 
+def metrics_runtime(listen: str) -> Runtime:
+    """The Temporal runtime serving /metrics on ``listen``; ConfigError when it
+    cannot listen there (the SDK raises a bare ValueError)."""
+    try:
+        return prometheus_runtime(listen)
+    except ValueError as err:
+        raise ConfigError(f"CERTFLOW_METRICS_LISTEN: cannot listen on {listen}: {err}") from None
+
+
 def modules_without_bytecode(package: Path = Path(workflows.__file__).parent) -> list[str]:
     """The modules of ``package`` (the workflows) without up-to-date bytecode.
 
@@ -253,6 +261,7 @@ async def serve(settings: Settings, stop: asyncio.Event) -> None:
     load_temporal_connection(settings)  # a bad Temporal setting stops it before anything else
     pool = await open_postgres(settings.database_url, max_size=20)
     try:
+        await migrate(pool)
         parts = await build(settings, pool)
         http_host, http_port = settings.http01_address
         try:

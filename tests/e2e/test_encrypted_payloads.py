@@ -63,11 +63,12 @@ def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> subproce
 
 @pytest.fixture(scope="module")
 def encrypted(
-    pebble: servers.PebbleStack,
     temporal: servers.TemporalDevServer,
     new_database: Callable[[], str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Encrypted]:
+    # A Pebble of its own: the session's HTTP-01 port is the deployment worker's.
+    pebble = servers.start_pebble(tmp_path_factory.mktemp("codec-pebble"), nonce_reject_percent=0)
     env = servers.certflow_environment(
         pebble=pebble,
         temporal_address=temporal.address,
@@ -82,6 +83,7 @@ def encrypted(
         yield Encrypted(pebble, temporal, env)
     finally:
         worker.stop()
+        pebble.stop()
 
 
 async def test_no_history_on_the_task_queue_holds_a_readable_name(encrypted: Encrypted) -> None:

@@ -52,12 +52,13 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(
-    pebble: servers.PebbleStack,
     temporal: servers.TemporalDevServer,
     new_database: Callable[[], str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Rig]:
     workdir = tmp_path_factory.mktemp("temporal-tls")
+    # A Pebble of its own: the session's HTTP-01 port is the deployment worker's.
+    pebble = servers.start_pebble(workdir / "pebble", nonce_reject_percent=0)
     pki = write_temporal_pki(workdir / "pki")
     backend = int(temporal.address.rpartition(":")[2])
     mtls = start_tls_proxy(workdir / "mtls", backend, mode="mtls", pki=pki)
@@ -67,6 +68,7 @@ def rig(
     finally:
         mtls.stop()
         api_key.stop()
+        pebble.stop()
 
 
 def mtls_env(rig: Rig) -> dict[str, str]:
