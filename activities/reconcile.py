@@ -21,6 +21,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
+from activities.pass_heartbeat import PassHeartbeat
 from activities.pass_metrics import counted_pass
 from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
@@ -36,6 +37,7 @@ class _Pass:
     """What one pass did so far."""
 
     def __init__(self) -> None:
+        self.heartbeat = PassHeartbeat()
         self.checked = 0
         self.started: list[str] = []
         self.refused: list[str] = []
@@ -48,7 +50,7 @@ class _Pass:
             self.started.append(hostname)
         # Per start, not per page: a cold pass starts ~13 workflows a second, so a
         # page of 500 takes longer than the heartbeat timeout.
-        activity.heartbeat(self.started_count)
+        self.heartbeat.now(self.started_count)
 
     def add_refused(self, hostname: str) -> None:
         self.refused_count += 1
@@ -107,7 +109,8 @@ class ReconcileActivities:
             page = await reconcile.rows_without_workflow(self._pool, after, PAGE)
             await self._start_all(page, result, slots)
             result.checked += len(page)
-            activity.heartbeat()
+            # Only a long pass: one that starts nothing (every steady pass) sends none.
+            result.heartbeat.maybe(result.started_count)
             if len(page) < PAGE:
                 break
             last = page[-1]

@@ -18,6 +18,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from activities.pass_heartbeat import PassHeartbeat
 from activities.pass_metrics import counted_pass
 from certflow.acme.ari import (
     ARI_DEFAULT_RECHECK,
@@ -67,6 +68,7 @@ class RenewalInfoSweep:
         if not any(c.account_url and c.account.directory_json.get("renewalInfo") for c in self._issuers):
             return RenewalInfoSweepResult()  # no CA has ARI: the lifetime rule holds
         asked = moved = 0
+        heartbeat = PassHeartbeat()
         slots = asyncio.Semaphore(CONCURRENCY)
         while True:
             due = await renewal_info.renewal_info_due(self._pool, PAGE)
@@ -100,7 +102,9 @@ class RenewalInfoSweep:
                 if _moved(row, advice):
                     moved += 1
                     await self._signal(row, advice)
-            activity.heartbeat(asked)
+            # Only once the sweep runs long (a page takes ~25 s at the default pace):
+            # a sweep of a few pages sends none.
+            heartbeat.maybe(asked)
             if len(due) < PAGE:
                 break
         return RenewalInfoSweepResult(asked=asked, moved=moved)

@@ -5,6 +5,7 @@
     python -m bench --scale 20000                 # only the scale phase, merged into --out
     python -m bench --methods 7                   # only dns-01 beside http-01 on real DNS, merged into --out
     python -m bench --timeline 21                 # only where one issuance's time goes, event by event
+    python -m bench --schedules --compare REF     # only the schedules' bill per firing and per hour, REF beside the tree
     python -m bench --sizes 1,50 --compare REF --write-docs
                                                   # REF's product beside the tree's; the table into docs/performance.md
 
@@ -30,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, methods, report, scale_model, timeline
+from bench import baselines, methods, report, scale_model, schedules, timeline
 from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
 from bench.scale import run_scale
+from bench.schedules import run_schedules
 from bench.snapshot import code_version, snapshot, snapshot_of
 from bench.stack import Stack, start_stack
 
@@ -58,8 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " its results go under the 'scale' key of --out, the other keys are kept",
     )
     parser.add_argument(
-        "--scale-seconds", type=float, default=600.0,
-        help="steady window of the scale phase (default 600: one renewal-info sweep interval)",
+        "--scale-seconds", type=float, default=scale_model.SWEEP_SECONDS,
+        help=f"steady window of the scale phase (default {scale_model.SWEEP_SECONDS:g}: one renewal-info"
+        " sweep interval)",
     )
     parser.add_argument(
         "--methods", type=int, nargs="?", const=7, default=0, metavar="K",
@@ -72,6 +75,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="only the timeline phase: K single issuances, the median offset of each history"
         " event from the request (default K 21); its results go under the 'timeline' key of"
         " --out, the other keys are kept",
+    )
+    parser.add_argument(
+        "--schedules", type=int, nargs="?", const=20, default=0, metavar="K",
+        help="only the schedules phase: K parked certificates (default 20), each schedule alone on"
+        " product defaults, every firing read off the server's action counter; with --compare REF,"
+        " REF's product first; its results go under the 'schedules' key of --out, the other keys are kept",
+    )
+    parser.add_argument("--schedules-firings", type=int, default=2, metavar="F",
+                        help="firings measured per schedule (default 2)")
+    parser.add_argument(
+        "--schedules-every", metavar="R,S",
+        help="reconcile and sweep intervals in seconds instead of the product defaults (a quicker"
+        " reading of the per-firing cost; the per-hour figures then follow these intervals)",
     )
     parser.add_argument("--threads", type=_ints, help="baseline thread counts (default 1,4,16,32)")
     parser.add_argument("--baseline-seconds", type=float, help="length of each baseline trial (default 12; quick 5)")
@@ -192,9 +208,32 @@ async def run_timeline_phase(stack: Stack, args: argparse.Namespace, workdir: Pa
     return await timeline.run_timeline(stack, args.timeline, workdir / "timeline", log)
 
 
+async def run_schedules_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    env: dict[str, str] = {}
+    if args.schedules_every:
+        reconcile, sweep = args.schedules_every.split(",")
+        env = {"CERTFLOW_RECONCILE_INTERVAL_SECONDS": reconcile, "CERTFLOW_RENEWAL_INFO_SWEEP_SECONDS": sweep}
+    runs: dict[str, Any] = {}
+    if args.compare:
+        await asyncio.to_thread(stack.wait_machine_quiet, f"schedules at {args.compare}")
+        log(f"schedules at {args.compare}: {args.schedules} certificates, {args.schedules_firings} firing(s) each")
+        old = dataclasses.replace(stack, code=snapshot_of(args.compare, workdir / "code-before", args.precompile))
+        runs[f"at {args.compare}"] = await run_schedules(
+            old, args.schedules, args.schedules_firings, "schedules_before", env, log
+        )
+    await asyncio.to_thread(stack.wait_machine_quiet, "schedules")
+    log(f"schedules: {args.schedules} certificates, {args.schedules_firings} firing(s) each")
+    runs["tree"] = await run_schedules(stack, args.schedules, args.schedules_firings, "schedules", env, log)
+    levels: dict[str, int] = {}
+    for found in runs.values():
+        for k, v in found["worker_log_levels"].items():
+            levels[k] = levels.get(k, 0) + v
+    return {"runs": runs, "worker_log_levels": levels}
+
+
 def main_phase(args: argparse.Namespace, key: str) -> int:
-    """One phase alone (``scale``, ``methods`` or ``timeline``); its result replaces
-    that key of ``--out``."""
+    """One phase alone (``scale``, ``methods``, ``timeline`` or ``schedules``); its
+    result replaces that key of ``--out``."""
     if key == "scale":
         warning = scale_model.check_interval(args.scale_seconds)
         if warning:
@@ -204,7 +243,8 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
     code_at_start = code_version()
     log(f"bench: servers starting (workdir {workdir})")
     stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
-    phase = {"scale": run_scale_phase, "methods": run_methods_phase, "timeline": run_timeline_phase}[key]
+    phase = {"scale": run_scale_phase, "methods": run_methods_phase, "timeline": run_timeline_phase,
+             "schedules": run_schedules_phase}[key]
     try:
         found = asyncio.run(phase(stack, args, workdir))
     finally:
@@ -224,6 +264,7 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
         "scale": lambda: scale_model.table(found),
         "methods": lambda: methods.table(found["blocks"]),
         "timeline": lambda: timeline.table(found),
+        "schedules": lambda: schedules.table(found),
     }[key]()
     log("")
     log(shown)
@@ -247,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_phase(args, "methods")
     if args.timeline:
         return main_phase(args, "timeline")
+    if args.schedules:
+        return main_phase(args, "schedules")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()
@@ -289,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         result["before"] = {"ref": args.compare, "certflow": before}
     if args.out.exists():  # the scale phase's results (``--scale``) stay
         kept = json.loads(args.out.read_text())
-        result.update({k: v for k, v in kept.items() if k.startswith("scale") or k == "methods"})
+        result.update({k: v for k, v in kept.items() if k.startswith("scale") or k in ("methods", "schedules")})
     result["ratios"] = report.ratios(found_baselines, sizes)
     result["targets"] = report.targets(found_baselines, sizes, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)

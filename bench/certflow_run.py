@@ -21,7 +21,7 @@ from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.contract import workflow_id_for
 from certflow.models import RequestedMethod
 
-# The 5-minute reconcile job is not per-certificate work; it is on in the idle phase.
+# The reconcile schedule is not per-certificate work; it is on in the idle phase.
 ISSUE_ENV = {"CERTFLOW_RECONCILE_INTERVAL_SECONDS": "0"}
 STATS_FLUSH_SECONDS = 11.0  # backends report pg_stat_database counters within ~10 s when idle
 

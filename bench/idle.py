@@ -28,10 +28,11 @@ from bench.stack import Stack
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.crypto import EncryptionKey
 from certflow.contract import reconcile_schedule_id, workflow_id_for
+from certflow.worker_settings import Settings
 
 SETTLE_SECONDS = 15.0
 STATS_FLUSH_SECONDS = 11.0
-RECONCILE_INTERVAL = 300
+RECONCILE_INTERVAL = float(Settings.model_fields["reconcile_interval_seconds"].default)
 PARK_TIMEOUT = 900.0
 START_CONCURRENCY = 8
 RENEWAL_INFO_SQL = "SELECT ssl_certificate FROM certificates WHERE id = $1::uuid"
@@ -115,7 +116,7 @@ async def wait_parked(
 
 
 async def measure_reconcile(dep: Deployment, pg: PgStats, roots: dict[str, int]) -> dict[str, Any]:
-    """One reconcile pass (what the 5-minute schedule runs), run now and measured."""
+    """One reconcile pass (what its schedule runs), run now and measured."""
     pg_before = await pg.snapshot(dep.database)
     cpu_before = procstat.sample_cpu(roots)
     started = time.monotonic()
@@ -144,7 +145,7 @@ async def run_idle(
     workdir: Path,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    # Product defaults here, the 5-minute reconcile schedule included.
+    # Product defaults here, the reconcile schedule included.
     dep = await deploy(stack, workdir, f"idle{count}", {})
     try:
         started = time.monotonic()

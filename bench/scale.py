@@ -333,7 +333,7 @@ class Scale:
         }
 
     async def reconcile_pass(self, what: str) -> dict[str, Any]:
-        """One reconcile pass (what the 5-minute schedule runs), run now and measured:
+        """One reconcile pass (what its schedule runs), run now and measured:
         CPU right when it returns, Postgres after the stats flush."""
         load = await self.wait_load(what)
         before = await self.mark()

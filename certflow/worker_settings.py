@@ -73,10 +73,10 @@ class Settings(KeySettings):
     failure_backoff_max_seconds: float = Field(default=4 * 3600.0, gt=0)
     order_fast_poll_seconds: float = Field(default=8.0, gt=0)
     failed_retry_seconds: float = Field(default=86400.0, ge=0)
-    reconcile_interval_seconds: float = Field(default=300.0, ge=0)
+    reconcile_interval_seconds: float = Field(default=900.0, ge=0)
     events_retention_days: float = Field(default=400.0, ge=0)
     """How long certificate_events are kept (a hostname's newest always); 0 keeps all."""
-    renewal_info_sweep_seconds: float = Field(default=600.0, ge=0)
+    renewal_info_sweep_seconds: float = Field(default=3600.0, ge=0)
     """How often the renewal-info sweep asks the CA's ARI about due certificates; 0: never."""
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
