@@ -77,7 +77,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="with --clear --scope: only this registered domain or hostname")
     p = command("reconcile", "start missing workflows now, or install the schedule")
     p.add_argument("--install", action="store_true")
-    p.add_argument("--every", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument(
+        "--every", type=float, default=900.0, metavar="SECONDS",
+        help="the interval (default 900, as the worker's CERTFLOW_RECONCILE_INTERVAL_SECONDS)",
+    )
     p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
