@@ -83,8 +83,9 @@ class DnsActivities:
         leftovers no open order uses; then wait until every authoritative server of
         the zone answers it, and, when the label held another value or the other
         row finished an attempt lately, until no resolver can still hold the RRset
-        without it: the challenge is accepted only after that. DNS01_UPDATE when our primary refuses the update,
-        DNS01_NOT_VISIBLE when a server still lacks it at the end of the wait."""
+        without it: the challenge is accepted only after that. DNS01_UPDATE when
+        our primary refuses the update, DNS01_NOT_VISIBLE when a server still lacks
+        it at the end of the wait."""
         started = time.monotonic()
         try:
             with step_span("dns01_publish", **{"certificate.hostname": input.hostname}):
