@@ -100,7 +100,7 @@ class AcmeActivities:
 
         An order an earlier try persisted (its result lost) is returned as it is,
         never ordered again. Nothing is sent while a rate-limit cooldown that applies
-        to this order holds (SPEC §4: its scope, and the exemptions of renewals).
+        to this order holds (docs/rate-limits.md: its scope, and the exemptions of renewals).
         """
         return await self._step(
             "create_order",  # the original dashboard's phase label for this step

@@ -2,7 +2,7 @@
 
 :class:`~certflow.dns.http01_fetch.Http01Fetcher` fetches
 ``http://<hostname>/.well-known/acme-challenge/<token>`` exactly as Let's
-Encrypt's validation authority does (SPEC §3.1). Two activities use it: ``check_http01`` between persisting a challenge and
+Encrypt's validation authority does (docs/lifecycle.md, "Before the CA is asked"). Two activities use it: ``check_http01`` between persisting a challenge and
 accepting it (a failure is HTTP01_UNREACHABLE: never sent to the CA, where each
 failed validation costs one of its 5 failed authorizations per hostname per
 hour), and ``check_domain``, which runs every pre-check for a hostname without

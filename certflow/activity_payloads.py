@@ -263,7 +263,7 @@ class OrderedAndValidated(Frozen):
 
 
 class Outcome(Frozen):
-    """What a failed attempt does to the row (SPEC §4)."""
+    """What a failed attempt does to the row (docs/lifecycle.md, "Statuses and errors")."""
 
     status: CertificateStatus
     retry_count: int

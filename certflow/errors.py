@@ -1,7 +1,7 @@
 """The typed error tree.
 
 Every failure an activity can report is a :class:`ProvisioningError` carrying an
-:class:`ErrorCode` (SPEC §4) plus the data that explains it. Activities turn
+:class:`ErrorCode` (docs/lifecycle.md, "Statuses and errors") plus the data that explains it. Activities turn
 them into Temporal ``ApplicationError`` s whose ``type`` is the code, so the
 workflow and retry policies match on the code, never on message text. What the
 client refuses to do for its caller is an :class:`ActionRejectedError`.

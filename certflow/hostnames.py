@@ -1,4 +1,4 @@
-"""Hostname validation and normalization (SPEC §2: IDNA A-label, lower case, no trailing dot).
+"""Hostname validation and normalization (docs/using.md: IDNA A-label, lower case, no trailing dot).
 
 Every hostname that reaches the database, DNS or the CA goes through
 :func:`normalize_hostname` once, at the edge where it enters (the command line,

@@ -1,7 +1,7 @@
 """Prometheus metrics, exported by the Temporal SDK's own exporter on
 ``CERTFLOW_METRICS_LISTEN`` next to the SDK's metrics.
 
-The names and labels are the original system's (SPEC §8) so existing
+The names and labels are the original system's (docs/operating.md, "What operators see") so existing
 dashboards keep working: steps by phase and result, step durations, ACME errors
 by problem type, the cooldown gauges; plus certificates by status, the soonest
 expiry, the certificates expiring within EXPIRING_SOON_DAYS and the cooldowns by

@@ -105,7 +105,7 @@ class LimitScope(StrEnum):
 
 
 class OrderKind(StrEnum):
-    """How Let's Encrypt counts a new order against its limits (SPEC §4)."""
+    """How Let's Encrypt counts a new order against its limits (docs/rate-limits.md)."""
 
     NEW = "new"
     """A first certificate for the hostname: every limit applies."""

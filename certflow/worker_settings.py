@@ -81,7 +81,7 @@ class Settings(KeySettings):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     expiring_soon_days: float = Field(default=7.0, gt=0)
-    # Pacing toward the CA (SPEC §7: orders are not idempotent and limits are per account).
+    # Pacing toward the CA (docs/guarantees.md, "No order wasted": orders are not idempotent and limits are per account).
     max_new_orders_in_flight: int = Field(default=4, ge=1, le=64)
     acme_polls_per_second: float = Field(default=20.0, gt=0)
     # The HTTP-01 self-check before accept (off: the worker cannot reach its own edge).

@@ -111,7 +111,7 @@ class ProvisioningPolicy(Frozen):
     hostname_search_attribute: bool = True
     """Whether they show the hostname (CERTFLOW_HOSTNAME_SEARCH_ATTRIBUTE)."""
     http01_self_check: bool = True
-    """Fetch the challenge as the CA would before accepting it (SPEC §3.1)."""
+    """Fetch the challenge as the CA would before accepting it (docs/lifecycle.md, "Before the CA is asked")."""
     issuers: list[str] = []
     """The configured issuers' names, in order of preference (empty in histories
     from before issuers: then every step goes to the one CA there was)."""

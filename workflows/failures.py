@@ -1,4 +1,4 @@
-"""After a failed attempt: the outcome recorded (SPEC §4), a fallback to the next CA
+"""After a failed attempt: the outcome recorded (docs/lifecycle.md, "Statuses and errors"), a fallback to the next CA
 when this one cannot issue, and the wait before the next attempt — DNS re-checks,
 backoffs, a rate-limit cooldown, or FAILED until retry."""
 

@@ -273,7 +273,7 @@ class Obtaining(CertificateBase):
 
     def _order_kind(self, record: CertificateRecord) -> OrderKind:
         """How the CA counts this order: a renewal of the certificate in place is
-        exempt from some limits, an ARI renewal from nearly all (SPEC §4); at another
+        exempt from some limits, an ARI renewal from nearly all (docs/rate-limits.md); at another
         CA than the certificate's it is a new order there."""
         if record.status not in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED):
             return OrderKind.NEW
@@ -338,7 +338,7 @@ class Obtaining(CertificateBase):
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:
-        never again once the CA answered (SPEC §3 step 5). In runs of the
+        never again once the CA answered (docs/lifecycle.md, "How a certificate runs"). In runs of the
         fewer-round-trips design that activity self-checks the challenge first.
         ``validated``: the first fast poll, done by the activity that placed the
         order (order-in-one-step design)."""

@@ -42,7 +42,7 @@ untouched: the DNS codes and a challenge not ready to accept."""
 
 TERMINAL_CODES = frozenset({ErrorCode.ACME_REJECTED})
 """Codes that make a certificate FAILED at once and get no slow automatic retry: the
-CA refused the name or the request (SPEC §4 "More refusals"); only the operator's
+CA refused the name or the request (docs/lifecycle.md, "Statuses and errors"); only the operator's
 ``retry`` reopens it. A FAILED certificate whose error code is not one of these
 (ACME_FAILED) gets the slow automatic retry."""
 
@@ -60,7 +60,7 @@ def decide_outcome(
     max_failures: int = 3,
     charged: bool = True,
 ) -> Outcome:
-    """What a failed attempt does to the certificate (SPEC §4's table).
+    """What a failed attempt does to the certificate (the table of docs/lifecycle.md, "Statuses and errors").
 
     During a renewal (RENEWING, or EXPIRED once the old certificate lapsed) the
     status stays as it is where a first issuance would be PENDING/PROVISIONING.
@@ -106,7 +106,7 @@ def decide_outcome(
         )
     if code in UNSENT_CHALLENGE_CODES:
         # The order stays for the next try (the CA was never asked to validate), the
-        # status says what the product must fix: still PENDING (SPEC §4).
+        # status says what the product must fix: still PENDING (docs/lifecycle.md, "Statuses and errors").
         return Outcome(
             status=waiting(False), retry_count=retry_count, keep_order=has_order, error_code=code
         )
@@ -162,7 +162,7 @@ def renewal_time(
     ari_window: tuple[datetime, datetime] | None,
     fraction: float,
 ) -> datetime:
-    """When to renew (SPEC §6).
+    """When to renew (docs/lifecycle.md, "The lifecycle").
 
     Inside the CA's ARI suggested window when it gives one, at ``fraction``
     (0..1, drawn once per workflow run so renewals of many certificates spread
@@ -201,7 +201,7 @@ def spread_renewal_time(
     fraction: float,
 ) -> datetime:
     """When to renew, spread so certificates issued together do not renew together
-    (SPEC §6; ``fraction`` from :func:`certificate_fraction`).
+    (docs/lifecycle.md, "The lifecycle"; ``fraction`` from :func:`certificate_fraction`).
 
     In the CA's ARI window at ``fraction`` — but a window that runs to (within
     BUDGET_ROOM of) notAfter is cut to its first half or BUDGET_ROOM before

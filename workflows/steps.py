@@ -1,6 +1,6 @@
 """How the Certificate workflow runs its activities: the timeouts and retry policy
 of each kind of step, what each activity shows in the Temporal UI, and how a
-failed activity becomes the attempt's error code (SPEC §4).
+failed activity becomes the attempt's error code (docs/lifecycle.md, "Statuses and errors").
 
 Activities are called by typed reference (``execute_activity_method``); their
 registered names are pinned by ``@activity.defn(name=…)`` (activities/registry.py
@@ -146,7 +146,7 @@ async def run(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R
 
 
 class AttemptFailed(Exception):
-    """An attempt ended with an error code (SPEC §4) and a message for the product."""
+    """An attempt ended with an error code (docs/lifecycle.md, "Statuses and errors") and a message for the product."""
 
     def __init__(
         self,

@@ -99,8 +99,9 @@ def _problem_suffix(problem_type: str) -> str:
 
 
 def classify_acme_failure(exc: BaseException) -> AcmeProblemError:
-    """Translate whatever a CA call raised into the typed error (SPEC §4 order:
-    rate limit first, then invalid order, then temporary), with the meaning
+    """Translate whatever a CA call raised into the typed error (in this order: rate
+    limit, then invalid order, then temporary; docs/lifecycle.md, "Statuses and
+    errors"), with the meaning
     ``certflow.acme.problems`` gives it: a rate limit's scope, a refusal's code
     (ACME_REJECTED, ACME_CAA, ACME_INVALID_ORDER), a refused ``replaces``."""
     if isinstance(exc, AcmeProblemError):

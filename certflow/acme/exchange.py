@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 FAST_POLL_FIRST = 0.02
 FAST_POLL_MAX = 0.25
-MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # SPEC §4: a longer Retry-After is capped
+MAX_RETRY_AFTER_SECONDS = 7 * 86400.0  # docs/rate-limits.md: a longer Retry-After is capped
 PAUSED_RECHECK_SECONDS = 86400.0
 
 
@@ -135,7 +135,7 @@ class IssuerExchange:
         self, err: AcmeProblemError, hostname: str | None = None, poll: bool = False
     ) -> AcmeProblemError:
         """Count the CA error; cap an absurd Retry-After; record a rate limit as the
-        cooldown of the scope the CA's limit applies to (SPEC §4)."""
+        cooldown of the scope the CA's limit applies to (docs/rate-limits.md)."""
         self._metrics.acme_error(err.problem_type)
         if err.code is not ErrorCode.ACME_RATE_LIMITED:
             return err

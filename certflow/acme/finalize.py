@@ -1,7 +1,7 @@
 """Finalizing an order at one CA and storing what it issued (finalize_and_store).
 
 A new private key is generated, encrypted and bound to the order in Postgres
-before finalize, and never leaves this module (SPEC §5): a retry pairs the
+before finalize, and never leaves this module (docs/guarantees.md, "Crash safety"): a retry pairs the
 certificate with the stored key, and an order finalized with no stored key is
 given up.
 """

@@ -2,7 +2,7 @@
 at a time per order slot of the account, naming the certificate a renewal
 ``replaces`` (RFC 9773 §5) when the CA takes it; then place_order's row write.
 
-Orders are not idempotent (SPEC §7): once new-order answered, a short fault is
+Orders are not idempotent (docs/guarantees.md, "No order wasted"): once new-order answered, a short fault is
 retried here rather than by the activity, which would open a second order.
 """
 
@@ -231,7 +231,7 @@ class NewOrders(IssuerExchange):
         self, client: acme_client.ClientV2, authorization_url: str
     ) -> messages.Authorization:
         """The CA created the order when new-order answered, and orders are not
-        idempotent (SPEC §7): a short fault fetching its authorization is retried
+        idempotent (docs/guarantees.md, "No order wasted"): a short fault fetching its authorization is retried
         here, because a retry of the whole activity would open a second order."""
         deadline = time.monotonic() + AUTHZ_FETCH_BUDGET
         delay = FAST_POLL_MAX

@@ -1,10 +1,10 @@
 """What the CA's problem documents mean: the typed error
 (:class:`~certflow.errors.AcmeProblemError`) for a CA answer, both tables applied.
 
-1. **Rate-limit scopes** (SPEC §4, ``rate_limits``): which part of our traffic a
+1. **Rate-limit scopes** (docs/rate-limits.md, ``rate_limits``): which part of our traffic a
    ``rateLimited`` answer holds back — the whole account, one registered domain,
    or one hostname.
-2. **Refusals** (SPEC §4 "More refusals", ``refusals``): problem type → error code
+2. **Refusals** (docs/lifecycle.md, "Statuses and errors", ``refusals``): problem type → error code
    and what the outcome table does with it.
 
 Pure functions over plain data (problem type, detail, HTTP status, Retry-After
@@ -85,7 +85,7 @@ def problem_error(
 
     ``challenge=True`` for a challenge's or an invalid order's error: the order is
     dead, so what table 2 does not name is ACME_INVALID_ORDER, and a failed
-    validation's message says what the CA found. Otherwise SPEC §4's order: a
+    validation's message says what the CA found. Otherwise the order docs/lifecycle.md gives: a
     rate limit first (with its scope), then table 2, then an order that is not ours
     (401, or Boulder's malformed "No order for ID …") as ACME_INVALID_ORDER, then
     ACME_TEMPORARY. (What a refused ``replaces`` means is

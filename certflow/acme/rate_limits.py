@@ -1,5 +1,5 @@
 """Table 1 of what the CA's problem documents mean (``problems`` applies both):
-which part of our traffic a rate-limit answer holds back (SPEC §4) — the whole
+which part of our traffic a rate-limit answer holds back (docs/rate-limits.md) — the whole
 account, one registered domain, or one hostname.
 
 It is read from the anchor of the
@@ -147,7 +147,7 @@ def unpause_url(detail: str) -> str | None:
 def is_rate_limited(
     problem_type: str, http_status: int | None, retry_after_seconds: float | None
 ) -> bool:
-    """SPEC §4: a ``rateLimited`` problem (any case), HTTP 429, or a 503 with Retry-After."""
+    """docs/rate-limits.md: a ``rateLimited`` problem (any case), HTTP 429, or a 503 with Retry-After."""
     return (
         problem_suffix(problem_type) == "ratelimited"
         or http_status == 429

@@ -1,5 +1,5 @@
 """Table 2 of what the CA's problem documents mean (``problems`` applies both):
-refusals (SPEC §4 "More refusals"), a problem type → an error code and what the
+refusals (docs/lifecycle.md, "Statuses and errors"), a problem type → an error code and what the
 outcome table does with it; and what a refused ``replaces`` means for a renewal
 (RFC 9773 §5). Pure functions over plain data, no I/O.
 

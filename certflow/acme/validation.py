@@ -111,7 +111,7 @@ class OrderValidation(IssuerExchange):
         self, input: WaitForOrderInput, accepted: bool, validating: bool
     ) -> OrderProgress:
         """Poll fast until the order is ready or valid, or the window ends; never
-        POST the challenge again (SPEC §3 step 5). ``validating``: the accept was
+        POST the challenge again (docs/lifecycle.md, "How a certificate runs"). ``validating``: the accept was
         just answered with the challenge still to be validated, so the first poll
         waits one interval — the CA's validator has yet to fetch the challenge from
         us, and asking at once would only read the pending order again."""

@@ -8,7 +8,7 @@ one climb (``caa_climb``) for every configured CA.
 The decisions are pure functions over plain data or over an injected lookup, so
 they are unit-testable without DNS. Failures are
 :class:`~certflow.errors.DnsCheckError` with code ``DNS_CAA`` or, for a failed
-lookup, ``ACME_TEMPORARY`` (SPEC §4).
+lookup, ``ACME_TEMPORARY`` (docs/lifecycle.md, "Statuses and errors").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The DNS pre-checks of one hostname before an order (SPEC §3.1), against the
+"""The DNS pre-checks of one hostname before an order (docs/lifecycle.md, "Before the CA is asked"), against the
 configured resolver: which validation method is ready (a persist record, the
 delegation of ``_acme-challenge`` into our zone, the CNAME to the edge), and CAA
 for every configured CA and that method."""
@@ -42,7 +42,8 @@ from certflow.activity_payloads import DnsVerdict
 
 @dataclass(frozen=True)
 class DnsChecker:
-    """SPEC §3.1 DNS checks against one resolver.
+    """The DNS checks before an order, against one resolver (docs/lifecycle.md,
+    "Before the CA is asked").
 
     ``resolver`` is ``host:port``; ``cname_target`` the edge name customers
     must alias; ``caa_issuer_domain`` the CA's CAA issuer-domain (e.g.

@@ -1,4 +1,4 @@
-"""CA rate-limit cooldowns, shared by every worker through Postgres (SPEC §4).
+"""CA rate-limit cooldowns, shared by every worker through Postgres (docs/rate-limits.md).
 
 A rate-limit answer records a cooldown for the scope the CA's limit applies to
 (the account, one registered domain, one hostname) and the limit's name; while

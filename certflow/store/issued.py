@@ -1,5 +1,5 @@
 """The issued certificate and the key bound to its order before finalize
-(SPEC §5): stored encrypted, paired with a valid order after a crash."""
+(docs/guarantees.md, "Crash safety"): stored encrypted, paired with a valid order after a crash."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ CNAME_TARGET = "edge.chaos.test"
 TASK_QUEUE = "certflow-chaos"
 DATABASE = "certflow_chaos"
 
-# Short policy timings (SPEC §4 behaviour in seconds) so a certificate that
+# Short policy timings (docs/lifecycle.md, "Statuses and errors" behaviour in seconds) so a certificate that
 # went FAILED under chaos retries itself soon instead of a day later.
 CHAOS_POLICY = {
     "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",

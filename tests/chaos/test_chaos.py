@@ -23,7 +23,7 @@ client re-sends). So ``new_orders_for(h) == created(h) + refused(h)`` and only
   was *exposed*: from its creation until the CA had finished validating it (the
   authorization shown valid or invalid). Each can waste at most one of h's
   orders: a kill can lose the answer of a new-order the CA already created
-  (orders are not idempotent, SPEC §7, so the retry opens another), and a dead
+  (orders are not idempotent, docs/guarantees.md, "No order wasted", so the retry opens another), and a dead
   responder or Postgres during validation makes the CA invalidate the order
   (ACME_INVALID_ORDER → a new order). A Temporal restart is no such disruption
   (place_order finds the order it persisted), nor is any disruption once the
@@ -45,7 +45,7 @@ h there is a disruption (its window [start, worker/server back] overlapping
 the gap). No order is wasted otherwise. Faults
 the proxy injects (429 storms, dropped connections) are answered without
 forwarding anything, so they never create an order themselves; a
-rate-limited or temporary failure keeps the open order (SPEC §4).
+rate-limited or temporary failure keeps the open order (docs/lifecycle.md, "Statuses and errors").
 
 Findings this suite reproduced exactly, each fixed and now guarded by its
 test: BUG-1 (a transient fault on the authorization fetch right after
@@ -570,7 +570,7 @@ async def _check_invariants(
         )
     sent, created, hits = {}, {}, {}
     # Only kills and the Postgres restart can cost an order (a Temporal restart loses
-    # no order: place_order finds the one it persisted, SPEC §7), and only while the
+    # no order: place_order finds the one it persisted, docs/guarantees.md, "No order wasted"), and only while the
     # order is exposed: from its creation until its validation is over.
     costly = [d for d in chaos.disruptions if d.kind != "temporal"]
     for hostname in hostnames:
@@ -834,7 +834,7 @@ async def _wait_row(
 
 
 async def test_fault_after_new_order_opens_no_second_order(chaos_stack: ChaosStack) -> None:
-    """SPEC §7: orders are not idempotent, so a retry must not re-send new-order for an
+    """docs/guarantees.md, "No order wasted": orders are not idempotent, so a retry must not re-send new-order for an
     order the CA already created. One dropped connection on the authorization fetch
     that follows new-order used to open a second order (BUG-1). The drop is queued
     for this order's own authorization (its path, from the CA's 201) before the
@@ -874,7 +874,7 @@ async def test_reaccepting_an_invalidated_challenge_is_an_invalid_order(
     """The worker dies right after the CA accepted the challenge; the CA's validation
     fails meanwhile (nothing answers at the hostname's address). After the restart the
     retried accept finds the challenge invalid: that is the CA's verdict on the order
-    (SPEC §4 ACME_INVALID_ORDER, one failure, new order), not a temporary error.
+    (docs/lifecycle.md, "Statuses and errors" ACME_INVALID_ORDER, one failure, new order), not a temporary error.
     (BUG-2, fixed in a74fd76: it was ACME_TEMPORARY, retried 4 times and charged twice.)
     Run on a worker without the HTTP-01 self-check, which would see the dead address
     first and never let the CA validate."""

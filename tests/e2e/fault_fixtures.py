@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CNAME_TARGET = "edge.saas.test"
 MANAGED_BASE_DOMAIN = "managed.test"
 
-# Short policy timings (SPEC §4 behaviour, seconds instead of minutes/hours).
+# Short policy timings (docs/lifecycle.md, "Statuses and errors" behaviour, seconds instead of minutes/hours).
 SHORT_POLICY = {
     "CERTFLOW_DNS_RECHECK_INITIAL_SECONDS": "1",
     "CERTFLOW_DNS_RECHECK_MAX_SECONDS": "2",

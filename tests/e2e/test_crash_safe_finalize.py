@@ -1,4 +1,4 @@
-"""SPEC §5 against the real CA, with the activities run in this process: how
+"""docs/guarantees.md, "Crash safety" against the real CA, with the activities run in this process: how
 ``finalize_and_store`` and ``place_order`` treat the states a crash leaves behind.
 
 What these show: an order already finalized (``valid``) is paired with the key stored
@@ -204,7 +204,7 @@ async def test_retried_finalize_reuses_the_stored_key(
 async def test_a_retried_place_order_returns_the_order_it_stored(
     acme: AcmeActivities, db: asyncpg.Pool, deployment: Deployment, planted: list[str]
 ) -> None:
-    """SPEC §7 (orders are not idempotent): a try of place_order committed the challenge,
+    """docs/guarantees.md, "No order wasted" (orders are not idempotent): a try of place_order committed the challenge,
     then its result was lost (a crash). The retry returns that order instead of opening
     another, and the order still validates."""
     hostname = deployment.hostname("placed")

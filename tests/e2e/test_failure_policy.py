@@ -1,4 +1,4 @@
-"""SPEC §4 failure policy end to end: real worker processes, Postgres, the Temporal
+"""docs/lifecycle.md, "Statuses and errors" failure policy end to end: real worker processes, Postgres, the Temporal
 dev server, Pebble + challtestsrv, and the fault proxy between the workers and
 Pebble injecting 429/503/500 and dropped connections.
 
@@ -392,7 +392,7 @@ async def test_429_on_finalize_keeps_the_open_order(stack: Stack, fault_client: 
 async def test_429_retry_after_zero_means_now_and_records_no_cooldown(
     stack: Stack, fault_client: CertflowClient
 ) -> None:
-    """SPEC §4: an explicit 0 means retry now and is not a penalty."""
+    """docs/lifecycle.md, "Statuses and errors": an explicit 0 means retry now and is not a penalty."""
     proxy = _proxy(stack)
     hostname = stack.hostname("rl-zero")
     proxy.inject(Endpoint.NEW_ORDER, Fault.rate_limited("0"))
@@ -414,7 +414,7 @@ async def test_429_retry_after_zero_means_now_and_records_no_cooldown(
 async def test_an_open_order_keeps_going_during_the_cooldown(
     stack: Stack, fault_client: CertflowClient
 ) -> None:
-    """SPEC §4: the cooldown stops NEW orders only; polling and finalizing open ones continue.
+    """docs/lifecycle.md, "Statuses and errors": the cooldown stops NEW orders only; polling and finalizing open ones continue.
 
     open_host's first order poll is held at the proxy (Pebble answered, the answer not
     yet relayed) until the cooldown is recorded, so its order is certainly open when

@@ -1,4 +1,4 @@
-"""The pre-checks (SPEC §3.1) against real DNS: CAA as Let's Encrypt reads it and
+"""The pre-checks (docs/lifecycle.md, "Before the CA is asked") against real DNS: CAA as Let's Encrypt reads it and
 the HTTP-01 self-check, each asserted by what the CA saw.
 
 One stack for the module: Knot (authoritative for ``test.``) + Unbound (recursive),

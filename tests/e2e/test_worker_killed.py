@@ -1,4 +1,4 @@
-"""SPEC §5 with a real crash: the worker process is killed with SIGKILL — from the fault
+"""docs/guarantees.md, "Crash safety" with a real crash: the worker process is killed with SIGKILL — from the fault
 proxy right after the CA answered finalize, or the moment the challenge is committed —
 then started again. "Once" is counted at the CA (the proxy's new-order and finalize
 answers for the hostname), not as rows, which a UNIQUE column keeps at one anyway.

@@ -1,4 +1,4 @@
-"""Classification of CA failures into error codes (SPEC §4), with Retry-After kept."""
+"""Classification of CA failures into error codes (docs/lifecycle.md, "Statuses and errors"), with Retry-After kept."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_retry_after_forms() -> None:
         (_problem("urn:ietf:params:acme:error:malformed", 401), ErrorCode.ACME_INVALID_ORDER),
         # rate limit wins over 401
         (_problem("urn:ietf:params:acme:error:rateLimited", 401), ErrorCode.ACME_RATE_LIMITED),
-        # the CA's verdict (SPEC §4 "More refusals"): terminal, or ACME_CAA
+        # the CA's verdict (docs/lifecycle.md, "Statuses and errors"): terminal, or ACME_CAA
         (_problem("urn:ietf:params:acme:error:rejectedIdentifier", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:unsupportedIdentifier", 400), ErrorCode.ACME_REJECTED),
         (_problem("urn:ietf:params:acme:error:badCSR", 400), ErrorCode.ACME_REJECTED),

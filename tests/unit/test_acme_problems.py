@@ -119,7 +119,7 @@ def test_every_limit_by_its_anchor(detail: str, scope: LimitScope, anchor: str, 
 @pytest.mark.parametrize(
     ("anchor", "scope"),
     [
-        # the anchors SPEC §4 names, including those Boulder linked before #8291/#8596
+        # the anchors docs/lifecycle.md, "Statuses and errors" names, including those Boulder linked before #8291/#8596
         # (errors/errors.go history) and the overall-requests 503
         ("new-orders-per-account", LimitScope.ACCOUNT),
         ("new-registrations-per-ip-address", LimitScope.ACCOUNT),

@@ -1,4 +1,4 @@
-"""Which cooldowns hold back which orders (SPEC §4): a renewal is exempt from new
+"""Which cooldowns hold back which orders (docs/rate-limits.md): a renewal is exempt from new
 orders per account and certificates per registered domain; an ARI renewal from
 every limit but the overall request rate; a first order from none."""
 

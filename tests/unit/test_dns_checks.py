@@ -1,4 +1,4 @@
-"""DNS pre-checks (SPEC §3.1): CAA decisions, the CAA walk, the CNAME chain.
+"""DNS pre-checks (docs/lifecycle.md, "Before the CA is asked"): CAA decisions, the CAA walk, the CNAME chain.
 
 With fake lookups, and (for CAA) on recorded DNS answers: dnspython messages
 built from text and served in place of the network, so the same query and

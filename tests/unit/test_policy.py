@@ -1,4 +1,4 @@
-"""The outcome table (SPEC §4), row by row, and the backoffs."""
+"""The outcome table (docs/lifecycle.md, "Statuses and errors"), row by row, and the backoffs."""
 
 from __future__ import annotations
 

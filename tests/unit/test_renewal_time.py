@@ -1,4 +1,4 @@
-"""When a certificate renews (SPEC §6): the ARI window when the CA gives one, else
+"""When a certificate renews (docs/lifecycle.md, "The lifecycle"): the ARI window when the CA gives one, else
 when 1/3 of the lifetime remains (1/2 for lifetimes under 10 days)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The HTTP-01 self-check before accept and the CA's terminal refusals, on the
-time-skipping test server (SPEC §3.1, §4).
+time-skipping test server (docs/lifecycle.md, "Before the CA is asked", and "Statuses and errors").
 
 A failed self-check is never sent to the CA: the certificate stays PENDING, the
 failure budget untouched, the order kept (it was never accepted), and the check

@@ -1,4 +1,4 @@
-"""Renewal (SPEC §6) on the time-skipping test server: when it happens (1/3 rule,
+"""Renewal (docs/lifecycle.md, "The lifecycle") on the time-skipping test server: when it happens (1/3 rule,
 1/2 under 10 days, ARI window), renewal cycles with continue-as-new, and expiry
 during a renewal that keeps failing.
 

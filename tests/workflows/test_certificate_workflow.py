@@ -1,5 +1,5 @@
 """The Certificate workflow on Temporal's time-skipping test server: issuance and
-SPEC §4's outcome table, each row driven through the workflow.
+the table of docs/lifecycle.md, "Statuses and errors", each row driven through the workflow.
 
 See ``fakes.py`` for the fakes, the in-memory row and how time skipping is used.
 """
@@ -168,7 +168,7 @@ async def test_order_polling_waits_on_durable_timers(
         await run.cancel()
 
 
-# -- 2. SPEC §4's outcome table through the workflow --------------------------------------
+# -- 2. the table of docs/lifecycle.md, "Statuses and errors" through the workflow --------------------------------------
 
 
 @pytest.mark.parametrize(
