@@ -93,10 +93,24 @@ def parser() -> argparse.ArgumentParser:
         "edge",
         "keep an edge holding exactly the current certificates (runs until stopped)",
     )
-    p.add_argument("--kind", choices=["files"], help="overrides CERTFLOW_EDGE_KIND (files: nginx, …)")
+    p.add_argument(
+        "--kind", choices=["files", "haproxy", "caddy"],
+        help="overrides CERTFLOW_EDGE_KIND (files: nginx and edges that read files)",
+    )
     p.add_argument("--dir", metavar="DIR", help="the files kind's directory; overrides CERTFLOW_EDGE_DIR")
     p.add_argument(
         "--owner", metavar="USER", help="who owns the files (nginx's worker user); overrides CERTFLOW_EDGE_OWNER"
+    )
+    p.add_argument(
+        "--socket", metavar="PATH|HOST:PORT",
+        help="HAProxy's runtime API (level admin); overrides CERTFLOW_EDGE_HAPROXY_SOCKET",
+    )
+    p.add_argument(
+        "--crt-list", metavar="PATH",
+        help="the crt-list on HAProxy's bind line; overrides CERTFLOW_EDGE_HAPROXY_CRT_LIST",
+    )
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", help="where the caddy kind answers Caddy; overrides CERTFLOW_EDGE_LISTEN"
     )
     return root
 

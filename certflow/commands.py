@@ -308,7 +308,11 @@ async def edge_(args: argparse.Namespace) -> int:
     from certflow.logs import configure_logging
     from certflow.settings import EdgeSettings
 
-    overrides = {"edge_kind": args.kind, "edge_dir": args.dir, "edge_owner": args.owner}
+    overrides = {
+        "edge_kind": args.kind, "edge_dir": args.dir, "edge_owner": args.owner,
+        "edge_haproxy_socket": args.socket, "edge_haproxy_crt_list": args.crt_list,
+        "edge_listen": args.listen,
+    }
     settings = load_settings(EdgeSettings, **{k: v for k, v in overrides.items() if v is not None})
     configure_logging()  # JSON lines, as the worker's (certflow/logs.py keeps key material out)
     return await run_edge(settings)

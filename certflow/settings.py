@@ -270,7 +270,8 @@ class EdgeSettings(KeySettings):
 
     edge_kind: str = "files"
     """EDGE_KIND: which edge this process keeps current: ``files`` (a directory of
-    ``<hostname>.pem``, for nginx and any edge that reads files)."""
+    ``<hostname>.pem``, for nginx and any edge that reads files), ``haproxy`` (its
+    runtime API) or ``caddy`` (an endpoint for its ``get_certificate http``)."""
     edge_dir: str = "/run/certflow-edge"
     """EDGE_DIR: the files kind's directory (a tmpfs: keys never reach a disk)."""
     edge_owner: str | None = None
@@ -278,6 +279,17 @@ class EdgeSettings(KeySettings):
     the edge's worker user (nginx: ``www-data``); unset, this process's own."""
     edge_poll_seconds: float = 1.0
     """EDGE_POLL_SECONDS: how often the change feed is read."""
+    edge_haproxy_socket: str = "/run/haproxy/admin.sock"
+    """EDGE_HAPROXY_SOCKET: HAProxy's runtime API (``stats socket … level admin``):
+    a unix socket path, or ``host:port``."""
+    edge_haproxy_crt_list: str = "/etc/haproxy/certflow.crtlist"
+    """EDGE_HAPROXY_CRT_LIST: the crt-list named on HAProxy's ``bind … crt-list``
+    line, as written there; certflow adds and removes its entries in memory."""
+    edge_listen: str = "127.0.0.1:8404"
+    """EDGE_LISTEN: where the caddy kind answers Caddy's ``get_certificate http``."""
+    edge_secret: SecretStr | None = None
+    """EDGE_SECRET: what a caller of the caddy kind's endpoint must present (the
+    password of the URL Caddy calls, or a bearer token); at least 16 characters."""
 
     @field_validator("edge_kind")
     @classmethod
@@ -302,12 +314,42 @@ class EdgeSettings(KeySettings):
             raise ValueError("must be more than 0 and at most 300")
         return value
 
+    @field_validator("edge_haproxy_socket", "edge_haproxy_crt_list")
+    @classmethod
+    def _edge_haproxy(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value.strip()
+
+    @field_validator("edge_listen")
+    @classmethod
+    def _edge_listen(cls, value: str) -> str:
+        parse_host_port(value)
+        return value.strip()
+
+    @field_validator("edge_secret")
+    @classmethod
+    def _edge_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        if len(value.get_secret_value().strip()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return SecretStr(value.get_secret_value().strip())
+
+    @model_validator(mode="after")
+    def _caddy_needs_a_secret(self) -> EdgeSettings:
+        if self.edge_kind == "caddy" and self.edge_secret is None:
+            raise ValueError(
+                "CERTFLOW_EDGE_SECRET is required for the caddy kind: its endpoint hands out private keys"
+            )
+        return self
+
     @property
     def edge_owner_ids(self) -> tuple[int, int] | None:
         return None if self.edge_owner is None else resolve_owner(self.edge_owner)
 
 
-EDGE_KINDS = ("files",)
+EDGE_KINDS = ("files", "haproxy", "caddy")
 
 
 def resolve_owner(value: str) -> tuple[int, int]:

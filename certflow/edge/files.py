@@ -54,6 +54,16 @@ class FileTarget:
         for leftover in directory.glob(_TEMP_PREFIX + "*.tmp"):  # a push killed midway
             leftover.unlink(missing_ok=True)
 
+    async def restarted(self) -> bool:
+        """A directory forgets nothing: nginx reads it as it is."""
+        return False
+
+    async def start(self) -> None:
+        """The directory and its lock are taken when the target is made."""
+
+    async def stop(self) -> None:
+        self.close()
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self._lock)
@@ -63,7 +73,7 @@ class FileTarget:
             raise ValueError(f"not a hostname this edge writes a file for: {hostname!r}")
         return self.directory / (hostname + SUFFIX)
 
-    def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
+    async def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
         """Replace hostname's file with chain then key, atomically; nothing is
         written when the file already holds exactly that (a restart's convergence)."""
         final = self.path(hostname)
@@ -105,7 +115,7 @@ class FileTarget:
         except OSError:
             return False
 
-    def remove(self, hostname: str) -> bool:
+    async def remove(self, hostname: str) -> bool:
         if "/" in hostname or hostname.startswith(".") or not hostname:
             raise ValueError(f"not a file name this edge keeps: {hostname!r}")
         try:
@@ -115,7 +125,7 @@ class FileTarget:
         self._sync_directory()
         return True
 
-    def held(self) -> set[str]:
+    async def held(self) -> set[str]:
         return {
             entry.name[: -len(SUFFIX)]
             for entry in os.scandir(self.directory)

@@ -47,15 +47,34 @@ PAGE = 5_000
 class EdgeTarget(Protocol):
     """Where certificates are pushed: one edge kind (files for nginx, …)."""
 
-    def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
+    async def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
         """Hold ``chain_pem`` (leaf first) and ``key_pem`` for hostname, replacing
         what it held, all at once (the edge never sees half of it)."""
 
-    def remove(self, hostname: str) -> bool:
+    async def remove(self, hostname: str) -> bool:
         """Hold nothing for hostname any more; whether it held something."""
 
-    def held(self) -> set[str]:
+    async def held(self) -> set[str]:
         """The hostnames the edge holds a certificate for now."""
+
+    async def restarted(self) -> bool:
+        """Whether the edge lost what was pushed since the last call (HAProxy
+        restarted): the follower then pushes everything again."""
+
+    async def start(self) -> None:
+        """Take what the target needs (a lock, a listener); ConfigError when it cannot."""
+
+    async def stop(self) -> None:
+        """Let go of it (the edge keeps what it holds)."""
+
+
+class EdgeUnreachableError(OSError):
+    """The edge itself did not answer (its socket, its endpoint), as opposed to one
+    push it refused: the pass stops there, and is tried again with backoff."""
+
+
+class PushRefusedError(ValueError):
+    """The edge refused one push or removal (retried by the next convergence)."""
 
 
 class InvalidCertificateError(ValueError):
@@ -148,19 +167,22 @@ class EdgeFollower:
             page = await served.served_page(self._pool, after, self._page)
             for stored in page:
                 serving.add(stored.hostname)
-                self._apply(stored, result)
+                await self._apply(stored, result)
             if len(page) < self._page:
                 break
             after = page[-1].hostname
         try:
-            held = self._target.held()
+            held = await self._target.held()
+        except EdgeUnreachableError:
+            self.must_converge = True
+            raise
         except OSError as err:
             self.must_converge = True
             log.error("edge: cannot list what the edge holds: %s", _reason(err))
             held = set()
             result.failed += 1
         for gone in sorted(held - serving):
-            self._remove(gone, result)
+            await self._remove(gone, result)
         result.served = len(serving)
         return result
 
@@ -178,10 +200,10 @@ class EdgeFollower:
             stored = found.get(hostname)
             before = (result.pushed, result.removed)
             if stored is not None:
-                self._apply(stored, result)
+                await self._apply(stored, result)
             else:  # deleted, canceled, no certificate yet
                 self._applied.pop(hostname, None)
-                self._remove(hostname, result)
+                await self._remove(hostname, result)
             if result.pushed > before[0]:
                 log.info("edge: pushed %s (serial %s)", hostname, stored.serial if stored else "")
             elif result.removed > before[1]:
@@ -189,7 +211,7 @@ class EdgeFollower:
         result.served = len(found)
         return result
 
-    def _apply(self, stored: StoredCertificate, result: Convergence) -> None:
+    async def _apply(self, stored: StoredCertificate, result: Convergence) -> None:
         fingerprint = _fingerprint(stored)
         if self._applied.get(stored.hostname) == fingerprint:
             return
@@ -202,7 +224,10 @@ class EdgeFollower:
             result.refused += 1
             return
         try:
-            self._target.put(stored.hostname, chain_pem, key_pem)
+            await self._target.put(stored.hostname, chain_pem, key_pem)
+        except EdgeUnreachableError:
+            self._applied.pop(stored.hostname, None)
+            raise
         except (OSError, ValueError) as err:
             self._applied.pop(stored.hostname, None)
             self.must_converge = True
@@ -211,10 +236,12 @@ class EdgeFollower:
             return
         result.pushed += 1
 
-    def _remove(self, hostname: str, result: Convergence) -> None:
+    async def _remove(self, hostname: str, result: Convergence) -> None:
         try:
-            if self._target.remove(hostname):
+            if await self._target.remove(hostname):
                 result.removed += 1
+        except EdgeUnreachableError:
+            raise
         except (OSError, ValueError) as err:
             self.must_converge = True
             log.error("edge: cannot remove %s: %s", hostname, _reason(err))
@@ -223,14 +250,18 @@ class EdgeFollower:
     # -- forever ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event, *, backoff: Sequence[float] = BACKOFF) -> None:
-        """Converge, then follow until ``stop`` is set. A failed read is one line,
-        retried with backoff; the target keeps what it holds meanwhile, and the
-        follower converges from the rows again once Postgres answers. A target that
-        failed a push is converged again, with the same backoff."""
+        """Converge, then follow until ``stop`` is set. Postgres or the edge not
+        answering is one line each, retried with backoff; the edge keeps what it
+        holds meanwhile, and the follower converges from the rows again once both
+        answer. A target that failed a push, or that restarted, is converged again."""
         failures = 0
-        unreachable = False
+        away: str | None = None
+        """What did not answer last time ("Postgres", "edge"), for one line each way."""
         while not stop.is_set():
             try:
+                if await self._target.restarted():
+                    log.warning("edge: the edge restarted and lost what it held; pushing everything again")
+                    self.must_converge = True
                 if self.must_converge:
                     done = await self.converge()
                     log.info(
@@ -239,18 +270,23 @@ class EdgeFollower:
                     )
                 else:
                     await self.follow_once()
-                if unreachable:
-                    log.info("edge: %s answers again", self._source)
-                unreachable = False
+                if away is not None:
+                    log.info("edge: %s answers again", self._source if away == "Postgres" else "the edge")
+                away = None
+            except EdgeUnreachableError as err:
+                self.must_converge = True
+                if away != "edge":
+                    log.warning("edge: %s; it keeps what it holds, retrying", err)
+                away = "edge"
             except (OSError, asyncio.TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as err:
                 self.must_converge = True  # a gap it cannot prove empty
-                if not unreachable:
+                if away != "Postgres":
                     log.warning(
                         "edge: cannot read %s: %s; the edge keeps what it holds, retrying",
                         self._source, _reason(err),
                     )
-                unreachable = True
-            failures = failures + 1 if unreachable or self.must_converge else 0
+                away = "Postgres"
+            failures = failures + 1 if away is not None or self.must_converge else 0
             wait = backoff[min(failures, len(backoff)) - 1] if failures else self.poll_seconds
             try:
                 await asyncio.wait_for(stop.wait(), wait)

@@ -26,8 +26,25 @@ log = logging.getLogger("certflow.edge")
 
 def edge_target(settings: EdgeSettings) -> EdgeTarget:
     """The target of the configured kind (ConfigError when it cannot be used)."""
-    # One kind so far: ``files``; the settings refuse any other.
+    if settings.edge_kind == "haproxy":
+        from certflow.edge.haproxy import HAProxyTarget
+
+        return HAProxyTarget(settings.edge_haproxy_socket, settings.edge_haproxy_crt_list)
+    if settings.edge_kind == "caddy":
+        from certflow.edge.caddy import CaddyTarget
+
+        assert settings.edge_secret is not None  # the settings refuse the caddy kind without one
+        return CaddyTarget(settings.edge_listen, settings.edge_secret.get_secret_value())
     return FileTarget(Path(settings.edge_dir), settings.edge_owner_ids)
+
+
+def describe(settings: EdgeSettings) -> str:
+    """What this process keeps current, for its first log line."""
+    if settings.edge_kind == "haproxy":
+        return f"HAProxy at {settings.edge_haproxy_socket} (crt-list {settings.edge_haproxy_crt_list})"
+    if settings.edge_kind == "caddy":
+        return f"Caddy's get_certificate endpoint on {settings.edge_listen}"
+    return f"{settings.edge_dir} (files)"
 
 
 async def _open_pool(url: str, stop: asyncio.Event) -> asyncpg.Pool | None:
@@ -56,18 +73,19 @@ async def run_edge(settings: EdgeSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("edge: keeping %s (%s) current", settings.edge_dir, settings.edge_kind)
-    pool = await _open_pool(settings.database_url, stop)
-    if pool is None:
-        return 0
+    await target.start()
     try:
-        source = f"Postgres at {redact_url(settings.database_url)} ({DATABASE_SETTING})"
-        follower = EdgeFollower(pool, key, target, poll_seconds=settings.edge_poll_seconds, source=source)
-        await follower.run(stop)
+        log.info("edge: keeping %s current", describe(settings))
+        pool = await _open_pool(settings.database_url, stop)
+        if pool is None:
+            return 0
+        try:
+            source = f"Postgres at {redact_url(settings.database_url)} ({DATABASE_SETTING})"
+            follower = EdgeFollower(pool, key, target, poll_seconds=settings.edge_poll_seconds, source=source)
+            await follower.run(stop)
+        finally:
+            await pool.close()
     finally:
-        await pool.close()
-        close = getattr(target, "close", None)
-        if close is not None:
-            close()
+        await target.stop()
     log.info("edge: stopped")
     return 0

@@ -15,56 +15,56 @@ from certflow.edge.files import FileTarget
 from certflow.errors import ConfigError
 
 
-def test_a_file_holds_the_chain_then_the_key_mode_0600(tmp_path: Path) -> None:
+async def test_a_file_holds_the_chain_then_the_key_mode_0600(tmp_path: Path) -> None:
     """Red if the key came first, the mode followed the umask (0644 under the usual
     022: the key readable by every local user), or held() missed the file."""
     old = os.umask(0o022)
     try:
         target = FileTarget(tmp_path / "edge")
-        target.put("shop.example.com", "CHAIN\n", b"KEY\n")
+        await target.put("shop.example.com", "CHAIN\n", b"KEY\n")
     finally:
         os.umask(old)
     path = tmp_path / "edge" / "shop.example.com.pem"
     assert path.read_bytes() == b"CHAIN\nKEY\n"
     assert path.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "edge").stat().st_mode & 0o777 == 0o700
-    assert target.held() == {"shop.example.com"}
-    target.put("*.shop.example.com", "W\n", b"K\n")  # a wildcard is named after itself
+    assert await target.held() == {"shop.example.com"}
+    await target.put("*.shop.example.com", "W\n", b"K\n")  # a wildcard is named after itself
     assert (tmp_path / "edge" / "*.shop.example.com.pem").read_bytes() == b"W\nK\n"
-    assert target.held() == {"shop.example.com", "*.shop.example.com"}
+    assert await target.held() == {"shop.example.com", "*.shop.example.com"}
     target.close()
 
 
-def test_removal_and_names_that_are_not_hostnames(tmp_path: Path) -> None:
+async def test_removal_and_names_that_are_not_hostnames(tmp_path: Path) -> None:
     """Red if remove left the file, or a name with a path in it were written
     outside the directory."""
     target = FileTarget(tmp_path)
-    target.put("a.example.com", "C\n", b"K\n")
-    assert target.remove("a.example.com") is True
-    assert target.remove("a.example.com") is False
-    assert target.held() == set()
+    await target.put("a.example.com", "C\n", b"K\n")
+    assert await target.remove("a.example.com") is True
+    assert await target.remove("a.example.com") is False
+    assert await target.held() == set()
     for bad in ("../evil.example.com", "a/b.example.com", ".hidden", "UPPER.example.com", ""):
         with pytest.raises(ValueError):
-            target.put(bad, "C\n", b"K\n")
+            await target.put(bad, "C\n", b"K\n")
     assert not (tmp_path.parent / "evil.example.com.pem").exists()
     target.close()
 
 
-def test_the_same_content_is_not_written_again(tmp_path: Path) -> None:
+async def test_the_same_content_is_not_written_again(tmp_path: Path) -> None:
     """A restart converges without rewriting every file: same inode when the
     content is the same, a new one (the rename) when it changed. Red if put always
     rewrote (a start at 100,000 certificates writes 100,000 files)."""
     target = FileTarget(tmp_path)
-    target.put("a.example.com", "C\n", b"K\n")
+    await target.put("a.example.com", "C\n", b"K\n")
     inode = (tmp_path / "a.example.com.pem").stat().st_ino
-    target.put("a.example.com", "C\n", b"K\n")
+    await target.put("a.example.com", "C\n", b"K\n")
     assert (tmp_path / "a.example.com.pem").stat().st_ino == inode
-    target.put("a.example.com", "C2\n", b"K\n")
+    await target.put("a.example.com", "C2\n", b"K\n")
     assert (tmp_path / "a.example.com.pem").stat().st_ino != inode
     target.close()
 
 
-def test_a_reader_racing_the_writer_never_reads_a_partial_file(tmp_path: Path) -> None:
+async def test_a_reader_racing_the_writer_never_reads_a_partial_file(tmp_path: Path) -> None:
     """nginx opens the file on every handshake, whenever a renewal lands: a reader
     in a loop while the writer replaces the file 300 times must read one whole
     version each time. Red when put writes in place (``open(path, "wb")`` then
@@ -73,7 +73,7 @@ def test_a_reader_racing_the_writer_never_reads_a_partial_file(tmp_path: Path) -
     target = FileTarget(tmp_path)
     versions = [(f"CHAIN-{i}\n" * 20_000, f"KEY-{i}\n".encode() * 5_000) for i in range(2)]
     whole = {c.encode() + k for c, k in versions}
-    target.put("race.example.com", *versions[0])
+    await target.put("race.example.com", *versions[0])
     path = tmp_path / "race.example.com.pem"
     seen: list[bytes] = []
     done = threading.Event()
@@ -86,7 +86,7 @@ def test_a_reader_racing_the_writer_never_reads_a_partial_file(tmp_path: Path) -
     reader.start()
     try:
         for i in range(300):
-            target.put("race.example.com", *versions[i % 2])
+            await target.put("race.example.com", *versions[i % 2])
     finally:
         done.set()
         reader.join()
@@ -111,17 +111,17 @@ def test_a_push_killed_midway_leaves_nothing_at_start_and_one_process_per_direct
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
-def test_files_are_owned_by_the_configured_user(tmp_path: Path) -> None:
+async def test_files_are_owned_by_the_configured_user(tmp_path: Path) -> None:
     """nginx's workers (not root) read the files: they must own them. Red if the
     owner were set after the rename (a moment when the file is root's) or not at
     all, or a file with the right content but the wrong owner were left as it is."""
     nobody = pwd.getpwnam("nobody")
     owner = (nobody.pw_uid, nobody.pw_gid)
     before = FileTarget(tmp_path)
-    before.put("a.example.com", "C\n", b"K\n")  # root's, from a run without the owner
+    await before.put("a.example.com", "C\n", b"K\n")  # root's, from a run without the owner
     before.close()
     target = FileTarget(tmp_path, owner)
-    target.put("a.example.com", "C\n", b"K\n")
+    await target.put("a.example.com", "C\n", b"K\n")
     st = (tmp_path / "a.example.com.pem").stat()
     assert (st.st_uid, st.st_gid) == owner
     target.close()

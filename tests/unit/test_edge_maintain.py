@@ -15,7 +15,7 @@ import pytest
 
 from certflow.crypto import EncryptionKey
 from certflow.edge import maintain
-from certflow.edge.maintain import EdgeFollower, InvalidCertificateError, checked_pair
+from certflow.edge.maintain import EdgeFollower, EdgeUnreachableError, InvalidCertificateError, checked_pair
 from certflow.store.changes import Change
 from certflow.store import served as served_queries
 from certflow.store.served import StoredCertificate
@@ -30,19 +30,39 @@ def stored(hostname: str, serial: str = "01", *, key: EncryptionKey = KEY) -> St
 
 
 class MemoryTarget:
+    """An edge in memory; ``down`` makes it unreachable, ``restart()`` forgets all."""
+
     def __init__(self, held: dict[str, tuple[str, bytes]] | None = None) -> None:
         self.files: dict[str, tuple[str, bytes]] = dict(held or {})
         self.puts: list[str] = []
+        self.down = False
+        self._restarted = False
 
-    def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
+    def restart(self) -> None:
+        self.files.clear()
+        self._restarted = True
+
+    async def put(self, hostname: str, chain_pem: str, key_pem: bytes) -> None:
+        if self.down:
+            raise EdgeUnreachableError("cannot reach the test edge: ConnectionRefusedError")
         self.files[hostname] = (chain_pem, key_pem)
         self.puts.append(hostname)
 
-    def remove(self, hostname: str) -> bool:
+    async def remove(self, hostname: str) -> bool:
         return self.files.pop(hostname, None) is not None
 
-    def held(self) -> set[str]:
+    async def held(self) -> set[str]:
         return set(self.files)
+
+    async def start(self) -> None:
+        pass
+
+    async def restarted(self) -> bool:
+        restarted, self._restarted = self._restarted, False
+        return restarted
+
+    async def stop(self) -> None:
+        pass
 
 
 class Rows:
@@ -188,3 +208,42 @@ async def test_postgres_away_the_edge_keeps_what_it_holds_then_converges_again(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("edge: cannot read Postgres at pg.test:")
     assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_edge_away_or_restarted_is_one_line_then_everything_pushed_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The edge unreachable during a renewal: one warning naming it (not one
+    error per certificate), retried with backoff; once it answers, a convergence
+    pushes what it missed. The edge restarted (HAProxy forgets what was pushed):
+    one line, and everything pushed again. Red if an unreachable edge were a
+    per-certificate failure (200 lines for 200 names), or if ``restarted()`` were
+    not asked (shown: the restarted edge stayed empty)."""
+    rows = Rows(monkeypatch)
+    for i in range(200):
+        rows.set(stored(f"h{i}.example.com"))
+    target = MemoryTarget()
+    follower = EdgeFollower(None, KEY, target, poll_seconds=0.01)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="certflow.edge.maintain"):
+        running = asyncio.create_task(follower.run(stop, backoff=(0.01, 0.02)))
+        while len(target.files) < 200:
+            await asyncio.sleep(0.01)
+        target.down = True  # goes away after the restart check: the pushes fail
+        for i in range(200):
+            rows.set(stored(f"h{i}.example.com", "02"))
+        await asyncio.sleep(0.2)
+        target.down = False
+        renewed = rows.rows["h199.example.com"].leaf_pem.rstrip("\n")
+        while not target.files["h199.example.com"][0].startswith(renewed):
+            await asyncio.sleep(0.01)
+        target.restart()
+        while len(target.files) < 200:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await running
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert messages == [
+        "edge: cannot reach the test edge: ConnectionRefusedError; it keeps what it holds, retrying",
+        "edge: the edge restarted and lost what it held; pushing everything again",
+    ], messages
