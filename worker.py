@@ -96,7 +96,7 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         await issuer_account(pool, settings, issuer, encryption_key, fallback=position > 0)
         for position, issuer in enumerate(issuers.items)
     ]
-    runtime = metrics_runtime(settings.metrics_listen) if settings.metrics_listen else None
+    runtime = prometheus_runtime(settings.metrics_listen) if settings.metrics_listen else None
     metrics = (
         CertflowMetrics(runtime.metric_meter, settings.expiring_soon_days) if runtime else CertflowMetrics()
     )
@@ -229,15 +229,6 @@ async def issuer_account(
             raise
         log.warning("starting without the ACME account of %s: %s", issuer.name, err)
         return AcmeClients(None, issuer, register=lambda: register(1))
-
-
-def metrics_runtime(listen: str) -> Runtime:
-    """The Temporal runtime serving /metrics on ``listen``; ConfigError when it
-    cannot listen there (the SDK raises a bare ValueError)."""
-    try:
-        return prometheus_runtime(listen)
-    except ValueError as err:
-        raise ConfigError(f"CERTFLOW_METRICS_LISTEN: cannot listen on {listen}: {err}") from None
 
 
 def modules_without_bytecode(package: Path = Path(workflows.__file__).parent) -> list[str]:

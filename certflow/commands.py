@@ -26,6 +26,7 @@ from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejected
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError
 from certflow.models import CertificateStatus, LimitScope, MethodReadiness, Phase, RequestedMethod
 from certflow.workflow_payloads import CertificateState
+from certflow.edge.probe import edge_serving
 from certflow.edge.responder import bind_listener
 from certflow.payload_codec import PayloadKeyError
 from certflow.settings import (
@@ -138,6 +139,7 @@ def _dump(value: Any) -> Any:
 async def status(args: argparse.Namespace) -> int:
     async with _client() as client:
         report = await client.status(args.hostname, methods=True)
+        serving = [] if report is None or args.json else await edge_serving(client.pool, args.hostname)
     if report is None:
         print(f"certflow: no certificate for {args.hostname}", file=sys.stderr)
         return 1
@@ -151,6 +153,8 @@ async def status(args: argparse.Namespace) -> int:
             attempt = report.order_issuer if report.order_issuer != report.issuer else None
             print(f"issuer: {report.issuer or '-'}" + (f" (attempt at {attempt})" if attempt else ""))
         _print_methods(report.methods or [])
+        for edge in serving:
+            print(edge.describe(report.serial))
     return 0
 
 

@@ -19,6 +19,7 @@ import asyncpg
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
+from certflow.errors import ConfigError
 from certflow.store import served
 from certflow.store.changes import ChangeFeed
 
@@ -27,13 +28,18 @@ log = logging.getLogger(__name__)
 STATUSES = ("PENDING", "PROVISIONING", "ACTIVE", "RENEWING", "FAILED", "EXPIRED", "CANCELED")
 
 
-def prometheus_runtime(bind_address: str) -> Runtime:
-    """A Temporal runtime serving /metrics on bind_address, durations in seconds."""
-    return Runtime(
-        telemetry=TelemetryConfig(
-            metrics=PrometheusConfig(bind_address=bind_address, durations_as_seconds=True)
+def prometheus_runtime(bind_address: str, setting: str = "CERTFLOW_METRICS_LISTEN") -> Runtime:
+    """A Temporal runtime serving /metrics on bind_address, durations in seconds;
+    ConfigError naming ``setting`` when it cannot listen there (the SDK raises a
+    bare ValueError)."""
+    try:
+        return Runtime(
+            telemetry=TelemetryConfig(
+                metrics=PrometheusConfig(bind_address=bind_address, durations_as_seconds=True)
+            )
         )
-    )
+    except ValueError as err:
+        raise ConfigError(f"{setting}: cannot listen on {bind_address}: {err}") from None
 
 
 def problem_label(problem_type: str) -> str:

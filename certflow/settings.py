@@ -13,6 +13,7 @@ import base64
 import binascii
 import hashlib
 import re
+import socket
 from typing import Any, TypeVar
 
 from pydantic import SecretStr, ValidationError, field_validator, model_validator
@@ -285,6 +286,15 @@ class EdgeSettings(KeySettings):
     edge_haproxy_crt_list: str = "/etc/haproxy/certflow.crtlist"
     """EDGE_HAPROXY_CRT_LIST: the crt-list named on HAProxy's ``bind … crt-list``
     line, as written there; certflow adds and removes its entries in memory."""
+    edge_name: str | None = None
+    """EDGE_NAME: this edge's name in ``status`` and the metrics; unset,
+    ``<this machine's hostname>-<kind>``."""
+    edge_address: str | None = None
+    """EDGE_ADDRESS: where the edge serves TLS (``host:port``, reachable from where
+    ``status`` runs): ``status HOST`` makes a handshake there to read the serial it
+    serves. Unset, ``status`` reports when the edge was last current instead."""
+    edge_metrics_listen: str | None = None
+    """EDGE_METRICS_LISTEN: ``host:port`` for Prometheus metrics; unset, none."""
     edge_listen: str = "127.0.0.1:8404"
     """EDGE_LISTEN: where the caddy kind answers Caddy's ``get_certificate http``."""
     edge_secret: SecretStr | None = None
@@ -326,6 +336,27 @@ class EdgeSettings(KeySettings):
     def _edge_listen(cls, value: str) -> str:
         parse_host_port(value)
         return value.strip()
+
+    @field_validator("edge_address", "edge_metrics_listen")
+    @classmethod
+    def _edge_host_port(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        parse_host_port(value)
+        return value.strip()
+
+    @field_validator("edge_name")
+    @classmethod
+    def _edge_name(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if len(value.strip()) > 100 or not value.strip().isprintable():
+            raise ValueError("must be at most 100 printable characters")
+        return value.strip()
+
+    @property
+    def edge_display_name(self) -> str:
+        return self.edge_name or f"{socket.gethostname()}-{self.edge_kind}"
 
     @field_validator("edge_secret")
     @classmethod

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Protocol
 
 import asyncpg
@@ -147,8 +149,25 @@ class EdgeFollower:
         self._feed = ChangeFeed()
         self._applied: dict[str, bytes] = {}
         """hostname → fingerprint of the row last pushed (or refused) for it."""
+        self._expires: dict[str, datetime] = {}
+        """hostname → when what was pushed for it expires (an expiry writes no event)."""
+        self._expiries: list[tuple[datetime, str]] = []
+        """A heap of (expiry, hostname); an entry whose hostname expires at another time
+        since is stale, and skipped."""
         self.must_converge = True
         """Set at start and after anything that may have left the target behind the rows."""
+        self._refused: set[str] = set()
+        self.push_failures = 0
+        """Pushes and removals the target could not do, since start."""
+        self.converged_at: datetime | None = None
+        self.synced_at: datetime | None = None
+        """When the edge last held every change committed before it (a read of the
+        feed, or a convergence, that left nothing behind)."""
+
+    @property
+    def held(self) -> int:
+        """How many certificates the edge holds from this process."""
+        return len(self._applied) - len(self._refused)
 
     # -- from the rows ------------------------------------------------------------------
 
@@ -159,6 +178,9 @@ class EdgeFollower:
         self.must_converge = True
         await self._feed.start(self._pool)
         self._applied.clear()
+        self._refused.clear()
+        self._expires.clear()
+        self._expiries.clear()
         self.must_converge = False
         result = Convergence()
         serving: set[str] = set()
@@ -201,8 +223,10 @@ class EdgeFollower:
             before = (result.pushed, result.removed)
             if stored is not None:
                 await self._apply(stored, result)
-            else:  # deleted, canceled, no certificate yet
+            else:  # deleted, expired, no certificate yet
                 self._applied.pop(hostname, None)
+                self._refused.discard(hostname)
+                self._expires.pop(hostname, None)
                 await self._remove(hostname, result)
             if result.pushed > before[0]:
                 log.info("edge: pushed %s (serial %s)", hostname, stored.serial if stored else "")
@@ -216,11 +240,15 @@ class EdgeFollower:
         if self._applied.get(stored.hostname) == fingerprint:
             return
         self._applied[stored.hostname] = fingerprint
+        if stored.expires_at is not None:
+            self._expires[stored.hostname] = stored.expires_at
+            heapq.heappush(self._expiries, (stored.expires_at, stored.hostname))
         try:
             chain_pem, key_pem = checked_pair(stored, self._key)
         except InvalidCertificateError as err:
             # What the edge held for it stays: the row is reported, never pushed.
             log.error("edge: not pushing %s (serial %s): %s", stored.hostname, stored.serial, err)
+            self._refused.add(stored.hostname)
             result.refused += 1
             return
         try:
@@ -232,8 +260,10 @@ class EdgeFollower:
             self._applied.pop(stored.hostname, None)
             self.must_converge = True
             log.error("edge: cannot push %s: %s", stored.hostname, _reason(err))
+            self.push_failures += 1
             result.failed += 1
             return
+        self._refused.discard(stored.hostname)
         result.pushed += 1
 
     async def _remove(self, hostname: str, result: Convergence) -> None:
@@ -245,7 +275,24 @@ class EdgeFollower:
         except (OSError, ValueError) as err:
             self.must_converge = True
             log.error("edge: cannot remove %s: %s", hostname, _reason(err))
+            self.push_failures += 1
             result.failed += 1
+
+    async def expire(self, now: datetime | None = None) -> Convergence:
+        """Remove what expired since it was pushed: an expiry writes no event, so the
+        follower keeps each one's time (O(expired) per call)."""
+        now = now or datetime.now(timezone.utc)
+        result = Convergence()
+        while self._expiries and self._expiries[0][0] <= now:
+            when, hostname = heapq.heappop(self._expiries)
+            if self._expires.get(hostname) != when:
+                continue  # renewed (or removed) since
+            del self._expires[hostname]
+            self._applied.pop(hostname, None)
+            self._refused.discard(hostname)
+            await self._remove(hostname, result)
+            log.info("edge: removed %s: its certificate expired at %s", hostname, when.isoformat())
+        return result
 
     # -- forever ------------------------------------------------------------------------
 
@@ -262,14 +309,20 @@ class EdgeFollower:
                 if await self._target.restarted():
                     log.warning("edge: the edge restarted and lost what it held; pushing everything again")
                     self.must_converge = True
+                read_at = datetime.now(timezone.utc)
                 if self.must_converge:
                     done = await self.converge()
                     log.info(
                         "edge: converged: %d served, %d pushed, %d removed, %d refused, %d failed",
                         done.served, done.pushed, done.removed, done.refused, done.failed,
                     )
+                    if not self.must_converge:
+                        self.converged_at = read_at
                 else:
                     await self.follow_once()
+                    await self.expire()
+                if not self.must_converge:
+                    self.synced_at = read_at
                 if away is not None:
                     log.info("edge: %s answers again", self._source if away == "Postgres" else "the edge")
                 away = None

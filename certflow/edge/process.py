@@ -13,12 +13,15 @@ import signal
 from pathlib import Path
 
 import asyncpg
+from temporalio.common import MetricMeter
 
 from certflow.connections import DATABASE_SETTING, open_postgres, redact_url
 from certflow.crypto import EncryptionKey
 from certflow.edge.files import FileTarget
 from certflow.edge.maintain import BACKOFF, EdgeFollower, EdgeTarget
+from certflow.edge.monitor import EdgeMonitor
 from certflow.errors import ServiceUnreachableError
+from certflow.metrics import prometheus_runtime
 from certflow.settings import EdgeSettings
 
 log = logging.getLogger("certflow.edge")
@@ -73,6 +76,10 @@ async def run_edge(settings: EdgeSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    meter = MetricMeter.noop
+    if settings.edge_metrics_listen:
+        runtime = prometheus_runtime(settings.edge_metrics_listen, "CERTFLOW_EDGE_METRICS_LISTEN")
+        meter = runtime.metric_meter
     await target.start()
     try:
         log.info("edge: keeping %s current", describe(settings))
@@ -82,7 +89,16 @@ async def run_edge(settings: EdgeSettings) -> int:
         try:
             source = f"Postgres at {redact_url(settings.database_url)} ({DATABASE_SETTING})"
             follower = EdgeFollower(pool, key, target, poll_seconds=settings.edge_poll_seconds, source=source)
-            await follower.run(stop)
+            monitor = EdgeMonitor(
+                follower, pool, name=settings.edge_display_name, kind=settings.edge_kind,
+                tls_address=settings.edge_address, meter=meter,
+            )
+            reporting = asyncio.create_task(monitor.run(stop))
+            try:
+                await follower.run(stop)
+            finally:
+                stop.set()
+                await reporting
         finally:
             await pool.close()
     finally:

@@ -9,9 +9,10 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-SERVED_STATUSES = ("ACTIVE", "RENEWING", "EXPIRED", "FAILED")
-"""A row in one of these with a certificate has one to serve (a renewal that has not
-landed yet, an expired or failed one still serve what they have)."""
+SERVED_STATUSES = ("ACTIVE", "RENEWING", "FAILED", "CANCELED")
+"""A row in one of these with a certificate that has not expired has one to serve:
+a renewal that has not landed yet, a failed one and a canceled one serve what they
+have until it expires (a transferred one too, until its new certificate is stored)."""
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,16 @@ class StoredCertificate:
     leaf_pem: str
     chain_pem: str
     encrypted_key: bytes
+    expires_at: datetime | None = None
+    """When it stops being served (the leaf's notAfter, as stored)."""
 
 
 _SELECT = """
     SELECT hostname::text AS hostname, ssl_serial, ssl_certificate, ssl_certificate_chain,
-           encrypted_ssl_private_key
+           encrypted_ssl_private_key, ssl_expires_at
     FROM certificates
     WHERE ssl_certificate IS NOT NULL AND status = ANY($1::text[])
+      AND (ssl_expires_at IS NULL OR ssl_expires_at > now())
 """
 
 
@@ -40,6 +44,7 @@ def _stored(row: asyncpg.Record) -> StoredCertificate:
         leaf_pem=row["ssl_certificate"],
         chain_pem=row["ssl_certificate_chain"] or "",
         encrypted_key=bytes(row["encrypted_ssl_private_key"]),
+        expires_at=row["ssl_expires_at"],
     )
 
 

@@ -31,9 +31,11 @@ from certflow.client import CertflowClient
 from certflow.edge.haproxy import RuntimeApi
 from certflow.models import Phase
 from devstack import haproxy as devhaproxy
+from devstack.servers import free_port
 from devstack.temporal_tls import _find_haproxy
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
 from tests.e2e.test_edge_files import (
+    REPO,
     DEFAULT_CERT,
     DEFAULT_KEY,
     DEFAULT_PEM,
@@ -58,6 +60,16 @@ RESTART_WITHIN = 10.0
 class Edge:
     haproxy: devhaproxy.HAProxy
     process: EdgeProcess
+    metrics_port: int
+
+    def metric(self, name: str) -> float | None:
+        """A metric of this edge, as Prometheus scrapes it."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + "{") and 'edge="test-haproxy"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +82,15 @@ def edge(deployment: Deployment) -> Iterator[Edge]:
         sys.executable, "starter.py", "edge", "--kind", "haproxy",
         "--socket", str(server.socket), "--crt-list", str(server.crt_list),
     ]
+    metrics_port = free_port()
+    process.env.update(
+        CERTFLOW_EDGE_NAME="test-haproxy",
+        CERTFLOW_EDGE_ADDRESS=f"127.0.0.1:{server.https_port}",
+        CERTFLOW_EDGE_METRICS_LISTEN=f"127.0.0.1:{metrics_port}",
+    )
     process.start()
     try:
-        yield Edge(server, process)
+        yield Edge(server, process, metrics_port)
     finally:
         if process.popen is not None:
             assert process.stop() == 0, process.log.read_text()
@@ -164,6 +182,21 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
     print(f"{len(loop.serials)} handshakes through the swap, none failed")
     assert await _served_serial(edge, a, root) == new
     assert (edge.haproxy.master_pid, _reloads(edge)) == (master, reloads)
+    stored_hex = await db.fetchval("SELECT ssl_serial FROM certificates WHERE hostname = $1", a)
+    status = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "starter.py", "status", a], cwd=REPO, env=edge.process.env,
+        capture_output=True, text=True, timeout=60,
+    )
+    line = f"edge test-haproxy (haproxy, 127.0.0.1:{edge.haproxy.https_port}): serves the current certificate"
+    assert f"{line} (serial {stored_hex})" in status.stdout, status.stdout + status.stderr
+
+    async def reported() -> bool:  # the metrics follow every 10 s
+        held = edge.metric("certflow_edge_certificates_held")
+        return held is not None and held >= 2
+
+    await _until(reported, 15, "the certificates held reported")
+    lag = edge.metric("certflow_edge_lag_seconds")
+    assert lag is not None and lag < 15, lag
 
     state = await client.delete(b)
     assert state.phase is Phase.DELETED

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from collections.abc import Sequence
 from typing import Any
 
@@ -247,3 +249,22 @@ async def test_an_edge_away_or_restarted_is_one_line_then_everything_pushed_agai
         "edge: cannot reach the test edge: ConnectionRefusedError; it keeps what it holds, retrying",
         "edge: the edge restarted and lost what it held; pushing everything again",
     ], messages
+
+
+async def test_an_expired_certificate_is_removed_without_an_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expiry writes no event: the follower keeps each pushed certificate's expiry
+    and removes it when it passes; a renewal pushed before then keeps it. Red
+    without ``expire`` (the edge would serve an expired certificate, which every
+    client refuses, instead of its default one)."""
+    now = datetime.now(timezone.utc)
+    rows = Rows(monkeypatch)
+    rows.set(replace(stored("a.example.com"), expires_at=now + timedelta(hours=1)))
+    rows.set(replace(stored("b.example.com"), expires_at=now + timedelta(hours=1)))
+    target = MemoryTarget()
+    follower = EdgeFollower(None, KEY, target)
+    await follower.converge()
+    rows.set(replace(stored("b.example.com", "02"), expires_at=now + timedelta(days=60)))
+    await follower.follow_once()
+    assert (await follower.expire(now + timedelta(minutes=59))).removed == 0
+    assert (await follower.expire(now + timedelta(hours=2))).removed == 1
+    assert set(target.files) == {"b.example.com"}
