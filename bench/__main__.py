@@ -6,6 +6,7 @@
     python -m bench --methods 7                   # only dns-01 beside http-01 on real DNS, merged into --out
     python -m bench --timeline 21                 # only where one issuance's time goes, event by event
     python -m bench --schedules --compare REF     # only the schedules' bill per firing and per hour, REF beside the tree
+    python -m bench --edges                       # only the edges: served latency, cold convergence, handshakes/s
     python -m bench --sizes 1,50 --compare REF --write-docs
                                                   # REF's product beside the tree's; the table into docs/performance.md
 
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, methods, report, scale_model, schedules, timeline
+from bench import baselines, edges, methods, report, scale_model, schedules, timeline
 from bench.certflow_run import run_size
 from bench.idle import run_idle
 from bench.pgstats import PgStats
@@ -82,6 +83,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         " product defaults, every firing read off the server's action counter; with --compare REF,"
         " REF's product first; its results go under the 'schedules' key of --out, the other keys are kept",
     )
+    parser.add_argument(
+        "--edges", type=int, nargs="?", const=50, default=0, metavar="N",
+        help="only the edges phase (bench/edges.py): N rows made ACTIVE then renewed per edge kind"
+        " (default N 50), a cold convergence and handshakes per second; its results go under the"
+        " 'edges' key of --out, the other keys are kept",
+    )
+    parser.add_argument("--edges-cold", type=int, default=10_000, metavar="C",
+                        help="certificates in the edges phase's cold convergence (default 10000)")
+    parser.add_argument("--edges-seconds", type=float, default=10.0,
+                        help="seconds of each handshake-rate trial (default 10)")
+    parser.add_argument("--edges-kinds", default=",".join(edges.KINDS),
+                        help=f"which edge kinds (default {','.join(edges.KINDS)})")
     parser.add_argument("--schedules-firings", type=int, default=2, metavar="F",
                         help="firings measured per schedule (default 2)")
     parser.add_argument(
@@ -231,6 +244,13 @@ async def run_schedules_phase(stack: Stack, args: argparse.Namespace, workdir: P
     return {"runs": runs, "worker_log_levels": levels}
 
 
+async def run_edges_phase(stack: Stack, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    await asyncio.to_thread(stack.wait_machine_quiet, "edges")
+    kinds = [k.strip() for k in args.edges_kinds.split(",") if k.strip()]
+    found = await edges.run_edges(stack, kinds, args.edges, args.edges_cold, args.edges_seconds, workdir, log)
+    return {**found, "worker_log_levels": {}}
+
+
 def main_phase(args: argparse.Namespace, key: str) -> int:
     """One phase alone (``scale``, ``methods``, ``timeline`` or ``schedules``); its
     result replaces that key of ``--out``."""
@@ -244,7 +264,7 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
     log(f"bench: servers starting (workdir {workdir})")
     stack = start_stack(workdir, snapshot(workdir / "code", args.precompile), args.quiet_wait)
     phase = {"scale": run_scale_phase, "methods": run_methods_phase, "timeline": run_timeline_phase,
-             "schedules": run_schedules_phase}[key]
+             "schedules": run_schedules_phase, "edges": run_edges_phase}[key]
     try:
         found = asyncio.run(phase(stack, args, workdir))
     finally:
@@ -265,6 +285,7 @@ def main_phase(args: argparse.Namespace, key: str) -> int:
         "methods": lambda: methods.table(found["blocks"]),
         "timeline": lambda: timeline.table(found),
         "schedules": lambda: schedules.table(found),
+        "edges": lambda: edges.table(found),
     }[key]()
     log("")
     log(shown)
@@ -290,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_phase(args, "timeline")
     if args.schedules:
         return main_phase(args, "schedules")
+    if args.edges:
+        return main_phase(args, "edges")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="certflow-bench-"))
     began = time.monotonic()
     code_at_start = code_version()
@@ -332,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         result["before"] = {"ref": args.compare, "certflow": before}
     if args.out.exists():  # the scale phase's results (``--scale``) stay
         kept = json.loads(args.out.read_text())
-        result.update({k: v for k, v in kept.items() if k.startswith("scale") or k in ("methods", "schedules")})
+        result.update({k: v for k, v in kept.items() if k.startswith("scale") or k in ("methods", "schedules", "edges")})
     result["ratios"] = report.ratios(found_baselines, sizes)
     result["targets"] = report.targets(found_baselines, sizes, idle)
     args.out.parent.mkdir(parents=True, exist_ok=True)

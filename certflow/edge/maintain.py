@@ -41,7 +41,7 @@ from certflow.store.served import StoredCertificate
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 1.0
+POLL_SECONDS = 0.5
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 PAGE = 5_000
 
