@@ -34,6 +34,9 @@ SOCKET_SETTING = "CERTFLOW_EDGE_HAPROXY_SOCKET"
 TIMEOUT = 10.0
 """Seconds for one command's answer (a commit of one certificate takes milliseconds)."""
 _PROMPT = b"\n> "
+_ANSWER_LIMIT = 256 * 2**20
+"""The largest answer read: ``show ssl cert`` lists every name (about 60 bytes each:
+100,000 certificates are 6 MB); asyncio's default of 64 KiB ends near 1,000."""
 _NAME = re.compile(r"(\*\.)?[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?(?:\.[a-z0-9_](?:[a-z0-9_-]*[a-z0-9_])?)*")
 
 
@@ -61,11 +64,13 @@ class RuntimeApi:
     @classmethod
     async def open(cls, address: str) -> RuntimeApi:
         if address.startswith("/") or ":" not in address:
-            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(address), TIMEOUT)
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(address, limit=_ANSWER_LIMIT), TIMEOUT
+            )
         else:
             host, _, port = address.rpartition(":")
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host.strip("[]"), int(port)), TIMEOUT
+                asyncio.open_connection(host.strip("[]"), int(port), limit=_ANSWER_LIMIT), TIMEOUT
             )
         api = cls(reader, writer)
         await api.command("prompt")
@@ -128,9 +133,9 @@ class HAProxyTarget:
         pem = chain_pem.rstrip("\n") + "\n" + key_pem.decode().strip("\n")
         if "\n\n" in pem:
             raise PushRefusedError("its PEM has an empty line (the runtime API ends a payload there)")
-        if name in view.pending:
-            await self._expect(api, f"abort ssl cert {name}", "aborted")
-            view.pending.discard(name)
+        for pending in sorted(view.pending):  # HAProxy holds one transaction at a time
+            await self._expect(api, f"abort ssl cert {pending}", "aborted")
+            view.pending.discard(pending)
         if name not in view.stored:
             await self._expect(api, f"new ssl cert {name}", "New empty certificate store")
             view.stored.add(name)
@@ -177,7 +182,7 @@ class HAProxyTarget:
                 process = _process(await api.command("show info"))
             finally:
                 await api.close()
-        except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as err:
+        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as err:
             await self._drop()
             raise EdgeUnreachableError(f"cannot reach {self}: {_reason(err)}") from None
         if self._process is not None and process != self._process:
@@ -189,12 +194,19 @@ class HAProxyTarget:
 
     async def _session(self) -> tuple[RuntimeApi, _View]:
         if self._api is None:
+            api = None
             try:
                 api = await RuntimeApi.open(self.address)
                 self._process = _process(await api.command("show info"))
                 self._view = await self._read_view(api)
-            except (OSError, EOFError, asyncio.IncompleteReadError, ValueError) as err:
+            except EdgeUnreachableError:
+                if api is not None:
+                    await api.close()
+                raise
+            except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as err:
                 self._view = None
+                if api is not None:
+                    await api.close()
                 raise EdgeUnreachableError(f"cannot reach {self}: {_reason(err)}") from None
             self._api = api
         assert self._view is not None
@@ -226,7 +238,7 @@ class HAProxyTarget:
     async def _ask(self, api: RuntimeApi, line: str, payload: str | None = None) -> str:
         try:
             return await api.command(line, payload)
-        except (OSError, EOFError, asyncio.IncompleteReadError) as err:
+        except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
             await self._drop()
             raise EdgeUnreachableError(f"lost {self}: {_reason(err)}") from None
 
