@@ -13,9 +13,9 @@ own:
   after (all its processes) and what ``certflow edge`` itself holds.
 - handshakes per second: full handshakes (no resumption) from two client
   processes for T seconds, with the SNI of a certflow certificate, beside the same
-  server's static certificate in its configuration (HAProxy, Caddy: the default
-  certificate, same process; nginx: a second nginx whose ``ssl_certificate`` is a
-  fixed file), same run. Two cores for clients and server alike: the ratio is the
+  server's static certificate in its configuration (HAProxy: its default
+  certificate, same process; nginx and Caddy: a second one of the same binary
+  whose configuration names a fixed certificate), same run. Two cores for clients and server alike: the ratio is the
   figure, the absolute rates are this machine's.
 
 Rows are planted with SQL: what an edge follows is rows and their events,
@@ -175,9 +175,16 @@ def start_server(kind: str, workdir: Path, default_pem: bytes) -> EdgeServer:
         listen = f"127.0.0.1:{free_port()}"
         secret = secrets.token_urlsafe(24)
         caddy = devcaddy.start_caddy(workdir, default_pem=default_pem, responder="127.0.0.1:9", edge=listen, secret=secret)
+        static_port, stop_static = _static_caddy(workdir / "static", default_pem)
+
+        def stop_both() -> None:
+            caddy.stop()
+            stop_static()
+
         return EdgeServer(
-            caddy.https_port, lambda: _tree(caddy.pid), caddy.stop,
+            caddy.https_port, lambda: _tree(caddy.pid), stop_both,
             ["--kind", "caddy", "--listen", listen], {"CERTFLOW_EDGE_SECRET": secret},
+            static_port=static_port,
         )
     raise ValueError(f"unknown edge kind {kind!r}")
 
@@ -219,6 +226,49 @@ http {{
     while not _open(port):
         if time.monotonic() > deadline:
             raise RuntimeError("the static nginx did not start")
+        time.sleep(0.05)
+
+    def stop() -> None:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+    return port, stop
+
+
+def _static_caddy(workdir: Path, pem: bytes) -> tuple[int, Callable[[], None]]:
+    """A second Caddy serving one certificate from its Caddyfile (``tls cert key``),
+    as a configuration without certflow would: the caddy kind's baseline (the
+    shipped file's default certificate is itself fetched per handshake)."""
+    workdir.mkdir(parents=True)
+    text = pem.decode()
+    split = text.index("-----BEGIN PRIVATE KEY-----")
+    (workdir / "static.crt").write_text(text[:split])
+    (workdir / "static.key").write_text(text[split:])
+    port = free_port()
+    (workdir / "Caddyfile").write_text(f"""{{
+	admin off
+	auto_https off
+	default_bind 127.0.0.1
+	https_port {port}
+}}
+
+https:// {{
+	tls {workdir}/static.crt {workdir}/static.key
+	respond 204
+}}
+""")
+    env = {**os.environ, "HOME": str(workdir), "XDG_DATA_HOME": str(workdir / "data"),
+           "XDG_CONFIG_HOME": str(workdir / "config")}
+    binary = shutil.which("caddy") or "/usr/bin/caddy"
+    with (workdir / "caddy.log").open("ab") as out:
+        process = subprocess.Popen(
+            [binary, "run", "--config", str(workdir / "Caddyfile"), "--adapter", "caddyfile"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        )
+    deadline = time.monotonic() + 20
+    while not _open(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the static Caddy did not start")
         time.sleep(0.05)
 
     def stop() -> None:

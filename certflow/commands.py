@@ -310,7 +310,7 @@ async def edge_(args: argparse.Namespace) -> int:
     """Keep an edge holding exactly the current certificates, until SIGTERM or SIGINT."""
     from certflow.edge.process import run_edge
     from certflow.logs import configure_logging
-    from certflow.settings import EdgeSettings
+    from certflow.edge.settings import EdgeSettings
 
     overrides = {
         "edge_kind": args.kind, "edge_dir": args.dir, "edge_owner": args.owner,

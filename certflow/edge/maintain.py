@@ -303,7 +303,7 @@ class EdgeFollower:
         answer. A target that failed a push, or that restarted, is converged again."""
         failures = 0
         away: str | None = None
-        """What did not answer last time ("Postgres", "edge"), for one line each way."""
+        """What failed last time ("Postgres", "edge", "bug"), for one line each way."""
         while not stop.is_set():
             try:
                 if await self._target.restarted():
@@ -323,7 +323,7 @@ class EdgeFollower:
                     await self.expire()
                 if not self.must_converge:
                     self.synced_at = read_at
-                if away is not None:
+                if away in ("Postgres", "edge"):
                     log.info("edge: %s answers again", self._source if away == "Postgres" else "the edge")
                 away = None
             except EdgeUnreachableError as err:
@@ -339,6 +339,10 @@ class EdgeFollower:
                         self._source, _reason(err),
                     )
                 away = "Postgres"
+            except Exception:  # noqa: BLE001 - a bug must not take down what the edge is served from
+                self.must_converge = True
+                log.exception("edge: unexpected error; converging again")
+                away = "bug"
             failures = failures + 1 if away is not None or self.must_converge else 0
             wait = backoff[min(failures, len(backoff)) - 1] if failures else self.poll_seconds
             try:

@@ -22,7 +22,7 @@ from certflow.edge.maintain import BACKOFF, EdgeFollower, EdgeTarget
 from certflow.edge.monitor import EdgeMonitor
 from certflow.errors import ServiceUnreachableError
 from certflow.metrics import prometheus_runtime
-from certflow.settings import EdgeSettings
+from certflow.edge.settings import EdgeSettings
 
 log = logging.getLogger("certflow.edge")
 

@@ -27,6 +27,7 @@ from certflow.store import challenges
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 CHALLENGE_PREFIX = "/.well-known/acme-challenge/"
 # RFC 8555 §8.3: base64url, at least 128 bits of entropy; real tokens are ~43 chars.
@@ -210,7 +211,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def responder_server(app: ChallengeResponder, host: str, port: int) -> uvicorn.Server:
+def responder_server(app: ASGIApp, host: str, port: int) -> uvicorn.Server:
     """A server for app; run it with ``await server.serve(sockets=[bind_listener(...)])``,
     stop it with ``should_exit``."""
     config = uvicorn.Config(

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from certflow.client import CertflowClient
 from certflow.models import Phase
 from devstack import nginx as devnginx
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
+from tests.e2e.edge_helpers import NoRedirect, fetch_without_redirect, plant_certificate
 
 pytestmark = pytest.mark.e2e
 
@@ -64,6 +64,7 @@ def _self_signed(name: str) -> tuple[x509.Certificate, bytes, bytes]:
 
 
 DEFAULT_CERT, DEFAULT_PEM, DEFAULT_KEY = _self_signed("default.certflow.invalid")
+_NoRedirect = NoRedirect  # the name test_edge_haproxy.py imports
 
 
 class EdgeProcess:
@@ -237,13 +238,7 @@ async def test_a_wildcard_covers_one_label_and_an_exact_name_wins(
     wildcard = f"*.{parent}"
     cert, cert_pem, key_pem = _self_signed(wildcard)
     async with reconcile_schedule_paused(client, "test_edge_files: a planted wildcard row"):
-        await db.execute(
-            """INSERT INTO certificates (hostname, status, ssl_certificate, ssl_certificate_chain,
-                   encrypted_ssl_private_key, ssl_serial, ssl_expires_at, workflow_seen_at)
-               VALUES ($1, 'ACTIVE', $2, '', $3, $4, now() + interval '30 days', now())""",
-            wildcard, cert_pem.decode(), deployment.encryption_key.encrypt(key_pem),
-            format(cert.serial_number, "x"),
-        )
+        await plant_certificate(db, deployment, wildcard, cert, cert_pem, key_pem)
         try:
             async def covered() -> bool:
                 return (await _served(edge, f"other.{parent}")).serial_number == cert.serial_number
@@ -275,29 +270,14 @@ async def test_port_80_routes_challenges_to_the_workers_responder(
         certificate_id, order = await plant_challenge(db, hostname)
         try:
             url = f"http://127.0.0.1:{edge.nginx.http_port}/.well-known/acme-challenge/{order.token}"
-
-            def fetch(path_url: str) -> tuple[int, bytes, str | None]:
-                request = urllib.request.Request(path_url, headers={"Host": hostname})
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-                try:
-                    with opener.open(request, timeout=10) as answer:
-                        return answer.status, answer.read(), None
-                except urllib.error.HTTPError as err:
-                    return err.code, b"", err.headers.get("Location")
-
-            status, body, _ = await asyncio.to_thread(fetch, url)
+            status, body, _ = await asyncio.to_thread(fetch_without_redirect, url, hostname)
             assert (status, body.decode()) == (200, order.key_authorization)
             status, _, location = await asyncio.to_thread(
-                fetch, f"http://127.0.0.1:{edge.nginx.http_port}/pricing?x=1"
+                fetch_without_redirect, f"http://127.0.0.1:{edge.nginx.http_port}/pricing?x=1", hostname
             )
             assert (status, location) == (301, f"https://{hostname}/pricing?x=1")
         finally:
             await db.execute("DELETE FROM certificates WHERE id = $1::uuid", certificate_id)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
 
 
 async def test_killed_mid_push_the_edge_converges_on_restart(
