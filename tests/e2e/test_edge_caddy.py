@@ -20,7 +20,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ from certflow.models import Phase
 from devstack import caddy as devcaddy
 from devstack.servers import _tcp_open, free_port
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
-from tests.e2e.edge_helpers import fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import HandshakeLoop, fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import handshake as _handshake
 from tests.e2e.test_edge_files import (
     DEFAULT_CERT,
     DEFAULT_KEY,
@@ -43,7 +43,6 @@ from tests.e2e.test_edge_files import (
     ISSUE_WAIT,
     WITHIN,
     EdgeProcess,
-    _handshake,
     _issue,
     _self_signed,
     _stored_serial,
@@ -107,32 +106,6 @@ async def _served(edge: Edge, sni: str, root_pem: str | None = None) -> x509.Cer
     return await asyncio.to_thread(_handshake, edge.caddy.https_port, sni, root_pem)
 
 
-class _HandshakeLoop:
-    """Full handshakes with one SNI in a thread, counting failures and the serials seen."""
-
-    def __init__(self, port: int, sni: str) -> None:
-        self._port, self._sni = port, sni
-        self.failures: list[str] = []
-        self.serials: list[int] = []
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._done.is_set():
-            try:
-                self.serials.append(_handshake(self._port, self._sni).serial_number)
-            except Exception as err:  # noqa: BLE001 - every failure is what is counted
-                self.failures.append(f"{type(err).__name__}: {err}")
-
-    def __enter__(self) -> _HandshakeLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-        self._thread.join(10)
-
-
 async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_restart(
     deployment: Deployment, client: CertflowClient, db: asyncpg.Pool, edge: Edge
 ) -> None:
@@ -157,7 +130,7 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
     assert (await _served(edge, a)).serial_number != b_serial
 
     before = await _stored_serial(db, a)
-    with _HandshakeLoop(edge.caddy.https_port, a) as loop:
+    with HandshakeLoop(edge.caddy.https_port, a) as loop:
         await client.renew(a)
 
         async def renewed() -> bool:

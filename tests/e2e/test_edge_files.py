@@ -13,8 +13,6 @@ import asyncio
 import datetime
 import os
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -34,7 +32,8 @@ from certflow.client import CertflowClient
 from certflow.models import Phase
 from devstack import nginx as devnginx
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
-from tests.e2e.edge_helpers import NoRedirect, fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import handshake as _handshake
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +63,6 @@ def _self_signed(name: str) -> tuple[x509.Certificate, bytes, bytes]:
 
 
 DEFAULT_CERT, DEFAULT_PEM, DEFAULT_KEY = _self_signed("default.certflow.invalid")
-_NoRedirect = NoRedirect  # the name test_edge_haproxy.py imports
 
 
 class EdgeProcess:
@@ -124,21 +122,6 @@ def edge(deployment: Deployment) -> Iterator[Edge]:
         log = process.log.read_text()
         assert "Traceback" not in log, log
         assert "PRIVATE KEY" not in log
-
-
-def _handshake(port: int, sni: str, root_pem: str | None = None) -> x509.Certificate:
-    """The leaf nginx serves for sni; with root_pem the chain must verify to it for sni."""
-    if root_pem is None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    else:
-        context = ssl.create_default_context(cadata=root_pem)
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        with context.wrap_socket(sock, server_hostname=sni) as tls:
-            der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
 
 
 async def _served(edge: Edge, sni: str, root_pem: str | None = None) -> x509.Certificate:

@@ -16,8 +16,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +32,8 @@ from devstack import haproxy as devhaproxy
 from devstack.servers import free_port
 from devstack.temporal_tls import _find_haproxy
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
+from tests.e2e.edge_helpers import HandshakeLoop, fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import handshake as _handshake
 from tests.e2e.test_edge_files import (
     REPO,
     DEFAULT_CERT,
@@ -42,9 +42,7 @@ from tests.e2e.test_edge_files import (
     ISSUE_WAIT,
     WITHIN,
     EdgeProcess,
-    _handshake,
     _issue,
-    _NoRedirect,
     _self_signed,
     _stored_serial,
     _until,
@@ -108,34 +106,6 @@ def _reloads(edge: Edge) -> int:
     return edge.haproxy.log.read_text(errors="replace").count("Reexecuting Master process")
 
 
-class HandshakeLoop:
-    """A client doing full handshakes with one SNI in a loop, counting failures and
-    the serials it saw."""
-
-    def __init__(self, edge: Edge, sni: str) -> None:
-        self._port = edge.haproxy.https_port
-        self._sni = sni
-        self.failures: list[str] = []
-        self.serials: list[int] = []
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._done.is_set():
-            try:
-                self.serials.append(_handshake(self._port, self._sni).serial_number)
-            except Exception as err:  # noqa: BLE001 - every failure is what is counted
-                self.failures.append(f"{type(err).__name__}: {err}")
-
-    def __enter__(self) -> HandshakeLoop:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-        self._thread.join(10)
-
-
 async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_reload(
     deployment: Deployment, client: CertflowClient, db: asyncpg.Pool, edge: Edge
 ) -> None:
@@ -162,7 +132,7 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
     assert await _served_serial(edge, a) != await _served_serial(edge, b)
 
     before = await _stored_serial(db, a)
-    with HandshakeLoop(edge, a) as loop:
+    with HandshakeLoop(edge.haproxy.https_port, a) as loop:
         await client.renew(a)
 
         async def renewed() -> bool:
@@ -224,13 +194,7 @@ async def test_a_wildcard_covers_one_label_and_an_exact_name_wins(
     wildcard = f"*.{parent}"
     cert, cert_pem, key_pem = _self_signed(wildcard)
     async with reconcile_schedule_paused(client, "test_edge_haproxy: a planted wildcard row"):
-        await db.execute(
-            """INSERT INTO certificates (hostname, status, ssl_certificate, ssl_certificate_chain,
-                   encrypted_ssl_private_key, ssl_serial, ssl_expires_at, workflow_seen_at)
-               VALUES ($1, 'ACTIVE', $2, '', $3, $4, now() + interval '30 days', now())""",
-            wildcard, cert_pem.decode(), deployment.encryption_key.encrypt(key_pem),
-            format(cert.serial_number, "x"),
-        )
+        await plant_certificate(db, deployment, wildcard, cert, cert_pem, key_pem)
         try:
             async def covered() -> bool:
                 return await _served_serial(edge, f"other.{parent}") == cert.serial_number
@@ -261,19 +225,11 @@ async def test_port_80_routes_challenges_to_the_workers_responder(
         certificate_id, order = await plant_challenge(db, hostname)
         try:
             base = f"http://127.0.0.1:{edge.haproxy.http_port}"
-
-            def fetch(url: str) -> tuple[int, bytes, str | None]:
-                request = urllib.request.Request(url, headers={"Host": hostname})
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-                try:
-                    with opener.open(request, timeout=10) as answer:
-                        return answer.status, answer.read(), None
-                except urllib.error.HTTPError as err:
-                    return err.code, b"", err.headers.get("Location")
-
-            status, body, _ = await asyncio.to_thread(fetch, f"{base}/.well-known/acme-challenge/{order.token}")
+            status, body, _ = await asyncio.to_thread(
+                fetch_without_redirect, f"{base}/.well-known/acme-challenge/{order.token}", hostname
+            )
             assert (status, body.decode()) == (200, order.key_authorization)
-            status, _, location = await asyncio.to_thread(fetch, f"{base}/pricing?x=1")
+            status, _, location = await asyncio.to_thread(fetch_without_redirect, f"{base}/pricing?x=1", hostname)
             assert (status, location) == (301, f"https://{hostname}/pricing?x=1")
         finally:
             await db.execute("DELETE FROM certificates WHERE id = $1::uuid", certificate_id)
