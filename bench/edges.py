@@ -46,9 +46,6 @@ from typing import Any
 
 import asyncpg
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from bench.stack import Stack
 from bench.stats import percentile
@@ -56,6 +53,7 @@ from certflow.crypto import EncryptionKey
 from certflow.store.db import migrate
 from devstack import haproxy as devhaproxy
 from devstack import nginx as devnginx
+from devstack.pki import self_signed
 from devstack.servers import free_port
 
 Log = Callable[[str], None]
@@ -64,25 +62,6 @@ KINDS = ("haproxy", "files", "caddy")
 PARENT = "bench-edges.test"
 WAIT = 30.0
 """At most this long for one change to be served (a figure past it is a failure)."""
-
-
-def self_signed(name: str, key: ec.EllipticCurvePrivateKey | None = None) -> tuple[int, str, bytes]:
-    """(serial, certificate PEM, key PEM) of a fresh self-signed leaf for name."""
-    key = key or ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.serial_number, cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem
 
 
 _INSERT = """
@@ -97,8 +76,8 @@ _RENEW = """
 
 
 def _row(hostname: str, key: EncryptionKey) -> tuple[int, tuple[str, str, bytes, str]]:
-    serial, cert_pem, key_pem = self_signed(hostname)
-    return serial, (hostname, cert_pem, key.encrypt(key_pem), format(serial, "x"))
+    cert, cert_pem, key_pem = self_signed(hostname)
+    return cert.serial_number, (hostname, cert_pem.decode(), key.encrypt(key_pem), format(cert.serial_number, "x"))
 
 
 # -- the servers -------------------------------------------------------------------------
@@ -382,7 +361,7 @@ async def run_edges(
             continue
         log(f"edges: {kind}")
         results["kinds"][kind] = await _run_kind(
-            stack, kind, n, cold, seconds, workdir / kind, (default_cert.encode() + default_key), log
+            stack, kind, n, cold, seconds, workdir / kind, default_cert + default_key, log
         )
     return results
 

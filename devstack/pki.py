@@ -113,3 +113,22 @@ def write_private(path: Path, data: bytes) -> None:
     path.touch(mode=0o600)
     path.chmod(0o600)
     path.write_bytes(data)
+
+
+def self_signed(name: str) -> tuple[x509.Certificate, bytes, bytes]:
+    """(certificate, its PEM, its key's PEM) of a self-signed leaf for name, as an
+    edge's default certificate or a planted row's (30 days, EC P-256)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    not_before, not_after = _validity()
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(not_before).not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert, cert.public_bytes(serialization.Encoding.PEM), key_pem

@@ -10,7 +10,6 @@ stored one, and its chain verifies to Pebble's root for that name.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
 import signal
 import subprocess
@@ -24,13 +23,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from certflow.client import CertflowClient
 from certflow.models import Phase
 from devstack import nginx as devnginx
+from devstack.pki import self_signed
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
 from tests.e2e.edge_helpers import fetch_without_redirect, plant_certificate
 from tests.e2e.edge_helpers import handshake as _handshake
@@ -43,24 +40,7 @@ WITHIN = 5.0
 ISSUE_WAIT = 90.0
 
 
-def _self_signed(name: str) -> tuple[x509.Certificate, bytes, bytes]:
-    """(certificate, its PEM, its key's PEM)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=30))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert, cert.public_bytes(serialization.Encoding.PEM), key_pem
-
+_self_signed = self_signed
 
 DEFAULT_CERT, DEFAULT_PEM, DEFAULT_KEY = _self_signed("default.certflow.invalid")
 
