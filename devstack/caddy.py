@@ -90,7 +90,8 @@ def shipped_config(
 
 
 def start_caddy(
-    workdir: Path, *, edge: str, secret: str, default_pem: bytes, responder: str, app: str = "127.0.0.1:9"
+    workdir: Path, *, edge: str, secret: str, default_pem: bytes, responder: str, app: str = "127.0.0.1:9",
+    http_port: int | None = None,
 ) -> Caddy:
     """Caddy serving the shipped Caddyfile, asking ``certflow edge --kind caddy``
     at ``edge`` (host:port) with ``secret``; ``default_pem`` is the default
@@ -100,7 +101,7 @@ def start_caddy(
     etc = workdir / "etc"
     etc.mkdir(exist_ok=True)
     (etc / "default.pem").write_bytes(default_pem)
-    http_port, https_port, default_port = free_port(), free_port(), free_port()
+    http_port, https_port, default_port = http_port or free_port(), free_port(), free_port()
     for port in (http_port, https_port, default_port):
         _require_free("caddy", port)
     caddyfile = workdir / "Caddyfile"

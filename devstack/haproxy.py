@@ -78,7 +78,9 @@ def shipped_config(
     return text
 
 
-def start_haproxy(workdir: Path, *, default_pem: bytes, responder: str, app: str = "127.0.0.1:9") -> HAProxy:
+def start_haproxy(
+    workdir: Path, *, default_pem: bytes, responder: str, app: str = "127.0.0.1:9", http_port: int | None = None
+) -> HAProxy:
     """HAProxy serving the shipped configuration; ``default_pem`` is the default
     certificate (chain and key)."""
     binary = _find_haproxy()
@@ -88,7 +90,7 @@ def start_haproxy(workdir: Path, *, default_pem: bytes, responder: str, app: str
     default.chmod(0o600)
     crt_list = workdir / "certflow.crtlist"
     crt_list.touch()
-    http_port, https_port = free_port(), free_port()
+    http_port, https_port = http_port or free_port(), free_port()
     _require_free("haproxy", http_port)
     _require_free("haproxy", https_port)
     socket = workdir / "admin.sock"

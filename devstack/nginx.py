@@ -77,7 +77,8 @@ def shipped_config(edge_dir: Path, etc_dir: Path, responder: str, app: str, http
 
 
 def start_nginx(
-    workdir: Path, *, edge_dir: Path, default_pem: bytes, responder: str, app: str = "127.0.0.1:9"
+    workdir: Path, *, edge_dir: Path, default_pem: bytes, responder: str, app: str = "127.0.0.1:9",
+    http_port: int | None = None,
 ) -> Nginx:
     """nginx serving the shipped configuration; ``default_pem`` is the default
     certificate (chain and key)."""
@@ -89,7 +90,7 @@ def start_nginx(
     (etc / "default.pem").write_bytes(default_pem)
     (workdir / "logs").mkdir(exist_ok=True)
     (workdir / "tmp").mkdir(exist_ok=True)
-    http_port, https_port = free_port(), free_port()
+    http_port, https_port = http_port or free_port(), free_port()
     _require_free("nginx", http_port)
     _require_free("nginx", https_port)
     (workdir / "certflow.conf").write_text(
