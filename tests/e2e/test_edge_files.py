@@ -29,7 +29,7 @@ from certflow.models import Phase
 from devstack import nginx as devnginx
 from devstack.pki import self_signed
 from tests.e2e.conftest import Deployment, plant_challenge, reconcile_schedule_paused
-from tests.e2e.edge_helpers import fetch_without_redirect, plant_certificate
+from tests.e2e.edge_helpers import HandshakeLoop, fetch_without_redirect, plant_certificate
 from tests.e2e.edge_helpers import handshake as _handshake
 
 pytestmark = pytest.mark.e2e
@@ -136,7 +136,9 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
 ) -> None:
     """Two hostnames issued by Pebble: each SNI gets its own stored serial, chain
     verifying to Pebble's root (A never B's); a renewal is served within 5 s with
-    the same nginx master (no reload); a delete removes the file and the name gets
+    the same nginx master (no reload) while a client doing handshakes in a loop
+    through the swap sees none fail (the rename: nginx opens the old file or the
+    new one); a delete removes the file and the name gets
     the default certificate within 5 s. Red when the follower skips the push (shown:
     ``self._target.put`` commented out in ``EdgeFollower._apply``, the first
     handshake got the default certificate) or ignores the delete (shown:
@@ -157,19 +159,23 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
     assert (await _served(edge, a)).serial_number != (await _served(edge, b)).serial_number
 
     before = await _stored_serial(db, a)
-    await client.renew(a)
+    with HandshakeLoop(edge.nginx.https_port, a) as loop:
+        await client.renew(a)
 
-    async def renewed() -> bool:
-        return await _stored_serial(db, a) != before
+        async def renewed() -> bool:
+            return await _stored_serial(db, a) != before
 
-    await _until(renewed, ISSUE_WAIT, "the renewal stored")
-    new = await _stored_serial(db, a)
+        await _until(renewed, ISSUE_WAIT, "the renewal stored")
+        new = await _stored_serial(db, a)
 
-    async def serves_new() -> bool:
-        return (await _served(edge, a)).serial_number == new
+        async def serves_new() -> bool:
+            return (await _served(edge, a)).serial_number == new
 
-    took = await _until(serves_new, WITHIN, "the renewal served")
-    print(f"\nrenewal served {took:.2f} s after it was seen stored")
+        took = await _until(serves_new, WITHIN, "the renewal served")
+        print(f"\nrenewal served {took:.2f} s after it was seen stored")
+    assert loop.failures == [] and before in loop.serials and new in loop.serials, (
+        loop.failures[:3], len(loop.serials),
+    )
     assert (await _served(edge, a, root)).serial_number == new
     assert edge.nginx.master_pid == master
 
