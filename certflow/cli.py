@@ -89,10 +89,12 @@ def parser() -> argparse.ArgumentParser:
         "decode encrypted payloads for the Temporal Web UI and CLI (operators only; runs until stopped)",
     )
     p.add_argument("--listen", metavar="HOST:PORT", help="overrides CERTFLOW_CODEC_LISTEN")
-    p = command(
-        "edge",
-        "keep an edge holding exactly the current certificates (runs until stopped)",
-    )
+    _edge_arguments(command("edge", "keep an edge holding exactly the current certificates (runs until stopped)"))
+    return root
+
+
+def _edge_arguments(p: argparse.ArgumentParser) -> None:
+    """``edge``'s flags: each overrides its CERTFLOW_EDGE_* setting."""
     p.add_argument(
         "--kind", choices=["files", "haproxy", "caddy"],
         help="overrides CERTFLOW_EDGE_KIND (files: nginx and edges that read files)",
@@ -112,7 +114,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--listen", metavar="HOST:PORT", help="where the caddy kind answers Caddy; overrides CERTFLOW_EDGE_LISTEN"
     )
-    return root
 
 
 def main(argv: Sequence[str] | None = None) -> int:

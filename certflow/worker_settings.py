@@ -15,7 +15,8 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from certflow.dns.dns01 import Dns01Zone, TsigKey
+from certflow.dns.dns01 import Dns01Zone
+from certflow.dns.tsig import TsigKey
 from certflow.dns.reserved import AddressPolicy
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle

@@ -43,11 +43,7 @@ with workflow.unsafe.imports_passed_through():
         WaitForOrderInput,
     )
     from certflow.workflow_payloads import ProvisioningPolicy
-    from workflows.policy import (
-        choose_issuer,
-        issuer_reason,
-        order_poll_delay,
-    )
+    from workflows.policy import choose_issuer, issuer_reason, order_poll_delay
     from workflows.run_state import Stopped
     from workflows.steps import (
         CA,

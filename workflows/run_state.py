@@ -14,6 +14,7 @@ from datetime import datetime
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from certflow.errors import CertflowError
     from certflow.hostnames import Hostname
     from certflow.models import CertificateRecord, Phase
     from certflow.workflow_payloads import (
@@ -24,8 +25,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
-class Stopped(Exception):
-    """Cancel or delete was requested while an attempt ran."""
+class Stopped(CertflowError):
+    """Cancel or delete was requested while an attempt ran: a signal within the
+    workflow, caught by its loop (workflows/certificate.py), never raised out of it."""
 
 
 @dataclass(frozen=True)

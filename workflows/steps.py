@@ -21,7 +21,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from activities.registry import CERTIFICATE_ACTIVITIES
-    from certflow.errors import ErrorCode
+    from certflow.errors import CertflowError, ErrorCode
 
 S = TypeVar("S")
 A = TypeVar("A")
@@ -145,7 +145,7 @@ async def run(step: Step, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R
     return result
 
 
-class AttemptFailed(Exception):
+class AttemptFailed(CertflowError):
     """An attempt ended with an error code (docs/lifecycle.md, "Statuses and errors") and a message for the product."""
 
     def __init__(

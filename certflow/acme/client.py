@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from certflow.acme.problems import problem_error
 from certflow.store import accounts
 from certflow.crypto import EncryptionKey
-from certflow.errors import AcmeProblemError, CaUnreachableError, ConfigError, ErrorCode
+from certflow.errors import AcmeProblemError, CaUnreachableError, CertflowError, ConfigError, ErrorCode
 from certflow.issuers import ExternalAccountBinding, Issuer
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - now).total_seconds())
 
 
-class HttpStatusError(acme_errors.ClientError):
+class HttpStatusError(CertflowError, acme_errors.ClientError):
     """An error response from the CA without an RFC 7807 problem document."""
 
     def __init__(self, status: int, retry_after: str | None, body: str) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import hashlib
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ import dns.tsigkeyring
 import dns.update
 
 from certflow.dns.cname import follow_cname_chain
+from certflow.dns.tsig import TSIG_ALGORITHMS, TsigKey
 from certflow.dns.lookup import (
     CnameAnswer,
     DnsLookupError,
@@ -71,44 +71,6 @@ linger in caches. The CA reads through a recursive resolver (Let's Encrypt's cap
 what they keep at 60 s), which may hold an RRset fetched before our value was
 added for up to this long: see :func:`publish`'s ``shared``."""
 UPDATE_TIMEOUT_SECONDS = 10.0
-_TSIG_ALGORITHMS = {
-    "hmac-sha256": dns.tsig.HMAC_SHA256,
-    "hmac-sha384": dns.tsig.HMAC_SHA384,
-    "hmac-sha512": dns.tsig.HMAC_SHA512,
-}
-
-
-@dataclass(frozen=True)
-class TsigKey:
-    """A TSIG key: its name, algorithm and secret (``name:algorithm:base64``)."""
-
-    name: str
-    algorithm: str
-    secret: bytes
-
-    def __repr__(self) -> str:
-        return f"TsigKey({self.name!r}, {self.algorithm!r}, <secret>)"
-
-    @classmethod
-    def parse(cls, text: str) -> TsigKey:
-        """``name:algorithm:base64-secret``, as knotc and nsupdate write keys;
-        ValueError (never quoting the secret) when it is not one."""
-        parts = text.strip().split(":")
-        if len(parts) != 3 or not all(parts):
-            raise ValueError("expected name:algorithm:base64-secret")
-        name, algorithm, secret = parts
-        if algorithm.lower() not in _TSIG_ALGORITHMS:
-            known = ", ".join(_TSIG_ALGORITHMS)
-            raise ValueError(f"algorithm {algorithm!r} is not one of {known}")
-        try:
-            raw = base64.b64decode(secret, validate=True)
-        except binascii.Error:
-            raise ValueError("the secret is not base64") from None
-        if len(raw) < 16:
-            raise ValueError("the secret is shorter than 16 bytes")
-        return cls(canonical(name), algorithm.lower(), raw)
-
-
 @dataclass(frozen=True)
 class Dns01Zone:
     """The zone the delegations point into, where certflow writes challenge TXTs."""
@@ -205,7 +167,7 @@ def _update(zone: Dns01Zone) -> dns.update.UpdateMessage:
         zone.zone + ".",
         keyring=keyring,
         keyname=dns.name.from_text(zone.key.name),
-        keyalgorithm=_TSIG_ALGORITHMS[zone.key.algorithm],
+        keyalgorithm=TSIG_ALGORITHMS[zone.key.algorithm],
     )
 
 

@@ -19,13 +19,14 @@ import time
 from dataclasses import dataclass
 
 from certflow.dns.reserved import IPAddress
+from certflow.errors import CertflowError
 
 MAX_RESPONSE_SIZE = 128  # maxResponseSize
 DIAL_TIMEOUT = 10.0  # the VA's singleDialTimeout
 _USER_AGENT = "certflow-http01-check"
 
 
-class DialError(Exception):
+class DialError(CertflowError):
     """Nothing accepted the connection (Go: a net.OpError with Op "dial")."""
 
     def __init__(self, detail: str, reason: str) -> None:
@@ -34,7 +35,7 @@ class DialError(Exception):
         self.reason = reason
 
 
-class Refused(Exception):
+class Refused(CertflowError):
     """The fetch failed for a reason that ends it (no fallback)."""
 
     def __init__(self, detail: str, reason: str) -> None:

@@ -40,7 +40,7 @@ import idna
 
 from certflow.dns.dns01 import base_name
 from certflow.dns.lookup import DnsLookupError
-from certflow.errors import DnsCheckError, ErrorCode
+from certflow.errors import CertflowError, DnsCheckError, ErrorCode
 from certflow.models import DnsRecord
 
 PERSIST_LABEL = "_validation-persist"
@@ -171,7 +171,7 @@ class PersistParams:
     """UNIX seconds; None when absent."""
 
 
-class MalformedRecord(ValueError):
+class MalformedRecord(CertflowError, ValueError):
     """A record ``parseDNSPersistRecord`` refuses; ``issuer`` is its normalized issuer
     domain name when it got that far (else empty), which decides whether the CA
     reports it or skips it silently."""

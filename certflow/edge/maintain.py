@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from certflow.crypto import DecryptionError, EncryptionKey
+from certflow.errors import CertflowError
 from certflow.store import served
 from certflow.store.changes import ChangeFeed
 from certflow.store.served import StoredCertificate
@@ -70,16 +71,16 @@ class EdgeTarget(Protocol):
         """Let go of it (the edge keeps what it holds)."""
 
 
-class EdgeUnreachableError(OSError):
+class EdgeUnreachableError(CertflowError, OSError):
     """The edge itself did not answer (its socket, its endpoint), as opposed to one
     push it refused: the pass stops there, and is tried again with backoff."""
 
 
-class PushRefusedError(ValueError):
+class PushRefusedError(CertflowError, ValueError):
     """The edge refused one push or removal (retried by the next convergence)."""
 
 
-class InvalidCertificateError(ValueError):
+class InvalidCertificateError(CertflowError, ValueError):
     """A stored certificate that must not be pushed (the message names no key material)."""
 
 

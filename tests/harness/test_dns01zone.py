@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from certflow.dns.tsig import TsigKey
 from certflow.dns import dns01
 from certflow.dns.checks import DnsChecker
 from certflow.dns.lookup import DnsLookupError
@@ -52,7 +53,7 @@ def real_dns(tmp_path_factory: pytest.TempPathFactory, zone_servers: ZoneServers
 
 def _zone(servers: ZoneServers, key: str | None = None) -> dns01.Dns01Zone:
     return dns01.Dns01Zone(
-        zone=servers.zone, primary=servers.primary, key=dns01.TsigKey.parse(key or servers.tsig_key)
+        zone=servers.zone, primary=servers.primary, key=TsigKey.parse(key or servers.tsig_key)
     )
 
 

@@ -23,9 +23,10 @@ import dns.rrset
 import dns.update
 import pytest
 
+from certflow.dns.tsig import TsigKey
 from certflow.dns import dns01
 
-KEY = dns01.TsigKey("k", "hmac-sha256", b"x" * 32)
+KEY = TsigKey("k", "hmac-sha256", b"x" * 32)
 ZONE = dns01.Dns01Zone(zone="acme.saas.test", primary="127.0.0.1:53", key=KEY)
 HOST, WILDCARD = "shop.customer.test", "*.shop.customer.test"
 OWNER = dns01.delegation_label(HOST)

@@ -13,6 +13,7 @@ import pytest
 from acme import challenges
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from certflow.dns.tsig import TsigKey
 from certflow.dns import dns01
 from certflow.dns.caa_records import CaaAnswer, CaaAnswerSet, CaaRecord
 from certflow.dns.caa_verdict import CaaIssuer
@@ -24,7 +25,7 @@ from certflow.models import RequestedMethod, ValidationMethod
 
 ACCOUNT = "https://ca.example/acct/42"
 NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
-KEY = dns01.TsigKey("k", "hmac-sha256", b"x" * 32)
+KEY = TsigKey("k", "hmac-sha256", b"x" * 32)
 ZONE = dns01.Dns01Zone(zone="acme.saas.test", primary="127.0.0.1:53", key=KEY)
 
 
@@ -55,9 +56,9 @@ def test_the_label_is_stable_short_and_shared_by_a_wildcard() -> None:
 )
 def test_a_bad_tsig_key_is_refused_without_quoting_the_secret(text: str) -> None:
     with pytest.raises(ValueError) as raised:
-        dns01.TsigKey.parse(text)
+        TsigKey.parse(text)
     assert "c2hvcnQ" not in str(raised.value) and "x" * 8 not in str(raised.value)
-    assert "s3cr3t" not in repr(dns01.TsigKey("k", "hmac-sha256", b"s3cr3t" * 4))
+    assert "s3cr3t" not in repr(TsigKey("k", "hmac-sha256", b"s3cr3t" * 4))
 
 
 @pytest.mark.parametrize(
