@@ -26,13 +26,7 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from activities import registry
 from certflow.acme.router import IssuerRouter
 from certflow.acme.pacing import OrderPacing
-from certflow.acme.client import (
-    REGISTER_ATTEMPTS,
-    AcmeAccount,
-    AcmeClients,
-    ensure_account,
-    issuer_setting,
-)
+from certflow.acme.account import REGISTER_ATTEMPTS, AcmeAccount, AcmeClients, ensure_account, issuer_setting
 from activities.acme import AcmeActivities
 from certflow.dns.caa_verdict import CaaIssuer
 from activities.dns import DnsActivities

@@ -27,7 +27,7 @@ from certflow.acme.ari import (
     next_check,
     renewal_info_url,
 )
-from certflow.acme.client import AcmeClients
+from certflow.acme.account import AcmeClients
 from certflow.acme.pacing import PollPacer
 from certflow.store import renewal_info
 from certflow.store.renewal_info import RenewalInfoRow

@@ -17,7 +17,8 @@ from acme.client import _renewal_info_path_component  # acme's RFC 9773 certific
 from cryptography import x509
 from temporalio import activity
 
-from certflow.acme.client import AcmeClients, parse_retry_after
+from certflow.acme.account import AcmeClients
+from certflow.acme.network import parse_retry_after
 from certflow.activity_payloads import RenewalAdvice
 
 ARI_DEFAULT_RECHECK = 6 * 3600.0  # RFC 9773 §4.3.3

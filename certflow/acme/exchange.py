@@ -20,12 +20,8 @@ import asyncpg
 from acme import client as acme_client
 from temporalio import activity
 
-from certflow.acme.client import (
-    DEFAULT_RATE_LIMIT_SECONDS,
-    AcmeClients,
-    classify_acme_failure,
-    parse_retry_after,
-)
+from certflow.acme.account import AcmeClients
+from certflow.acme.network import DEFAULT_RATE_LIMIT_SECONDS, classify_acme_failure, parse_retry_after
 from certflow.acme.pacing import OrderPacing, PollPacer
 from certflow.acme.problems import challenge_failure
 from certflow.acme.rate_limits import UNKNOWN_LIMIT

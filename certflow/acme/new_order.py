@@ -19,7 +19,7 @@ from cryptography import x509
 from josepy import json_util
 from temporalio import activity
 
-from certflow.acme.client import classify_acme_failure
+from certflow.acme.network import classify_acme_failure
 from certflow.acme.exchange import FAST_POLL_MAX, IssuerExchange
 from certflow.acme.refusals import ReplacesRefusal, problem_suffix, replaces_refusal
 from certflow.acme.slots import HeldBack, NoOrderSlotError, OrderSlot, order_slot

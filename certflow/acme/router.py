@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from certflow.acme.client import AcmeClients
+from certflow.acme.account import AcmeClients
 from certflow.acme.orders import IssuerOrders
 from certflow.acme.pacing import OrderPacing, PollPacer
 from certflow.crypto import EncryptionKey

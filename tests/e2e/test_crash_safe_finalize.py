@@ -33,7 +33,7 @@ from cryptography import x509
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from certflow.acme.client import AcmeClients, ensure_account
+from certflow.acme.account import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
 from certflow.acme.router import IssuerRouter
 from certflow.metrics import CertflowMetrics

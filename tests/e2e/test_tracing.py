@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from certflow.acme.client import AcmeClients, ensure_account
+from certflow.acme.account import AcmeClients, ensure_account
 from activities.acme import AcmeActivities
 from certflow.acme.router import IssuerRouter
 from certflow.hostnames import Hostname

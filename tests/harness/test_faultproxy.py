@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from josepy import json_util
 from josepy.jwk import JWKEC
 
-from certflow.acme.client import classify_acme_failure
+from certflow.acme.network import classify_acme_failure
 from devstack import servers
 from devstack.servers import PebbleStack
 from devstack.faultproxy import (

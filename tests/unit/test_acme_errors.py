@@ -9,7 +9,7 @@ import pytest
 import requests
 from acme import messages
 
-from certflow.acme.client import HttpStatusError, classify_acme_failure, parse_retry_after
+from certflow.acme.network import HttpStatusError, classify_acme_failure, parse_retry_after
 from certflow.errors import ErrorCode
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)

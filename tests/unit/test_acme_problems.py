@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from acme import messages
 
-from certflow.acme.client import HttpStatusError, classify_acme_failure
+from certflow.acme.network import HttpStatusError, classify_acme_failure
 from certflow.acme.problems import challenge_failure, problem_error
 from certflow.acme.rate_limits import (
     LIMIT_ANCHORS,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from certflow.acme.client import AcmeAccount, AcmeClients
+from certflow.acme.account import AcmeAccount, AcmeClients
 from certflow.errors import AcmeProblemError, CaUnreachableError, ErrorCode
 from certflow.issuers import Issuer
 

@@ -15,7 +15,7 @@ from josepy.b64 import b64decode
 from josepy.jwk import JWKEC
 from pydantic import SecretStr
 
-from certflow.acme.client import external_account_binding
+from certflow.acme.account import external_account_binding
 from certflow.dns.caa_records import CaaAnswer, CaaAnswerSet, CaaRecord
 from certflow.dns.caa_verdict import CaaIssuer, allowed_issuers
 from certflow.dns.lookup import CnameAnswer
