@@ -6,17 +6,21 @@ those, pushed to an edge that is not this process (``certflow edge``).
 :class:`certflow.edge.serving.SniCertificates` uses, so both serve the same
 rows), then follows ``certificate_events`` (:class:`certflow.store.changes.ChangeFeed`)
 and re-reads only the hostnames that changed: O(certificates) once, then
-O(changes). Each change is applied to an :class:`EdgeTarget` (a directory of
-files for nginx: :mod:`certflow.edge.files`).
+O(changes). Each change is applied to an :class:`EdgeTarget`: HAProxy's memory
+over its runtime API (:mod:`certflow.edge.haproxy`), a directory of files for
+nginx (:mod:`certflow.edge.files`), or this process's memory that Caddy asks
+(:mod:`certflow.edge.caddy`). An expiry writes no event: the follower keeps each
+pushed certificate's expiry and removes it when it passes.
 
 A row is checked before it is pushed: its chain must parse and the decrypted key
 must match its leaf. One that does not is reported in one line (never the key)
 and not pushed; what the edge held for that hostname stays. Keys are decrypted
 in memory only, just before the push.
 
-After a failed read (Postgres unreachable, a failover) the follower cannot prove
-it missed nothing, so it converges from the rows again once Postgres answers;
-until then the edge keeps what it holds.
+After a failed read (Postgres unreachable, a failover), or when the edge lost
+what it held (HAProxy restarted), the follower cannot prove the edge missed
+nothing, so it converges from the rows again once both answer; until then the
+edge keeps what it holds.
 """
 
 from __future__ import annotations
