@@ -26,7 +26,8 @@ from temporalio.api.common.v1 import Payloads
 
 from certflow.errors import ConfigError
 from certflow.payload_codec import EncryptionCodec, PayloadKeyError
-from certflow.settings import CodecServerSettings, parse_host_port
+from certflow.hostnames import parse_host_port
+from certflow.settings import CodecServerSettings
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

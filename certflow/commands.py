@@ -23,15 +23,13 @@ from certflow.connections import open_postgres
 from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejectedError
-from certflow.hostnames import InvalidHostnameError, InvalidTenantError
+from certflow.hostnames import InvalidHostnameError, InvalidTenantError, parse_host_port
 from certflow.models import CertificateStatus, LimitScope, MethodReadiness, Phase, RequestedMethod
 from certflow.workflow_payloads import CertificateState
 from certflow.edge.probe import edge_serving
 from certflow.edge.responder import bind_listener
 from certflow.payload_codec import PayloadKeyError
-from certflow.settings import (
-    ClientSettings, CodecServerSettings, KeySettings, load_settings, parse_host_port
-)
+from certflow.settings import ClientSettings, CodecServerSettings, KeySettings, load_settings
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys
 from certflow.tables import print_table

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from cryptography import x509
 from cryptography.exceptions import InvalidTag
@@ -19,7 +20,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import NameOID
 
-from certflow.worker_settings import KeyType
 from certflow.errors import CertflowError
 
 NONCE_SIZE = 12
@@ -27,6 +27,14 @@ TAG_SIZE = 16
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
+
+class KeyType(StrEnum):
+    """Private key algorithm for issued certificates."""
+
+    EC256 = "EC256"
+    EC384 = "EC384"
+    RSA2048 = "RSA2048"
+    RSA4096 = "RSA4096"
 
 class DecryptionError(CertflowError):
     """Stored key material does not decrypt with the configured key."""

@@ -339,3 +339,24 @@ def registered_domain(hostname: str) -> str:
     name = hostname.strip().rstrip(".").lower()
     found = _public_suffix_list().privatesuffix(name)
     return found if found is not None else name
+
+
+def parse_host_port(value: str, *, default_host: str | None = None) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 as ``[::1]:53``); the port is mandatory."""
+    value = value.strip()
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text:
+        raise ValueError(f"expected host:port, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host:
+        if default_host is None:
+            raise ValueError(f"expected host:port, got {value!r}")
+        host = default_host
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port must be a number in {value!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, port

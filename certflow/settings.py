@@ -18,31 +18,11 @@ from typing import Any, TypeVar
 from pydantic import SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from certflow.hostnames import parse_host_port
 from certflow.errors import ConfigError
 
 ENV_PREFIX = "CERTFLOW_"
 S = TypeVar("S", bound=BaseSettings)
-
-
-def parse_host_port(value: str, *, default_host: str | None = None) -> tuple[str, int]:
-    """Split ``host:port`` (IPv6 as ``[::1]:53``); the port is mandatory."""
-    value = value.strip()
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text:
-        raise ValueError(f"expected host:port, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not host:
-        if default_host is None:
-            raise ValueError(f"expected host:port, got {value!r}")
-        host = default_host
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"port must be a number in {value!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"port out of range in {value!r}")
-    return host, port
 
 
 def decode_encryption_key(value: str) -> bytes:

@@ -15,22 +15,15 @@ from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from certflow.crypto import KeyType
 from certflow.dns.dns01 import Dns01Zone
 from certflow.dns.tsig import TsigKey
 from certflow.dns.reserved import AddressPolicy
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
-from certflow.settings import KeySettings, parse_host_port
+from certflow.hostnames import parse_host_port
+from certflow.settings import KeySettings
 from certflow.workflow_payloads import ProvisioningPolicy
-
-
-class KeyType(StrEnum):
-    """Private key algorithm for issued certificates."""
-
-    EC256 = "EC256"
-    EC384 = "EC384"
-    RSA2048 = "RSA2048"
-    RSA4096 = "RSA4096"
 
 
 class LogFormat(StrEnum):

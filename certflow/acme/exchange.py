@@ -31,7 +31,7 @@ from certflow.hostnames import registered_domain
 from certflow.metrics import CertflowMetrics
 from certflow.models import Cooldown, LimitScope, OrderKind
 from certflow.store import cooldowns
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from certflow.acme.pacing import OrderPacing, PollPacer
 from certflow.crypto import EncryptionKey
 from certflow.errors import AcmeProblemError, ErrorCode
 from certflow.metrics import CertflowMetrics
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ import uvicorn
 from certflow.edge.maintain import EdgeUnreachableError
 from certflow.edge.responder import Receive, Scope, Send, bind_listener, responder_server
 from certflow.errors import ConfigError
-from certflow.settings import parse_host_port
+from certflow.hostnames import parse_host_port
 
 log = logging.getLogger(__name__)
 

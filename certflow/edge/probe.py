@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 from cryptography import x509
 
-from certflow.settings import parse_host_port
+from certflow.hostnames import parse_host_port
 from certflow.store import edges
 from certflow.store.edges import EdgeRecord
 

@@ -8,7 +8,8 @@ import socket
 
 from pydantic import SecretStr, field_validator, model_validator
 
-from certflow.settings import KeySettings, parse_host_port
+from certflow.hostnames import parse_host_port
+from certflow.settings import KeySettings
 
 
 class EdgeSettings(KeySettings):

@@ -55,7 +55,7 @@ from certflow.activity_payloads import (
     WaitForOrderInput,
 )
 from certflow.errors import ErrorCode
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 from workflows.steps import SHORT_FAULT_RETRY
 from certflow.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused

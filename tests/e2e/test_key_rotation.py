@@ -17,7 +17,7 @@ import pytest
 from certflow.crypto import DecryptionError, EncryptionKey, generate_private_key, private_key_to_pem
 from certflow.store.db import create_pool, migrate
 from certflow.store.rotation import rotate_keys
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ from certflow.activity_payloads import (
     FinalizeInput,
     WaitForOrderInput,
 )
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 from certflow.client import CertflowClient
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
 from tests.e2e.fault_fixtures import (

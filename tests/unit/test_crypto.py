@@ -24,7 +24,7 @@ from certflow.crypto import (
     public_key_matches,
     split_fullchain,
 )
-from certflow.worker_settings import KeyType
+from certflow.crypto import KeyType
 
 RAW_KEY = bytes(range(32))
 

@@ -82,3 +82,60 @@ def test_functions_over_80_lines_are_only_the_known_ones() -> None:
                 if node.end_lineno - node.lineno + 1 > 80:
                     found.add(f"{path.relative_to(ROOT)}:{node.name}")
     assert found == known
+
+
+LAYERS: list[tuple[str, list[str]]] = [
+    ("foundations", ["errors", "hostnames", "models", "contract", "issuers", "crypto", "search"]),
+    ("payloads", ["workflow_payloads", "activity_payloads"]),
+    ("protocols", ["acme", "dns", "store", "metrics", "edge.responder", "edge.serving", "edge.maintain",
+                   "edge.files", "edge.haproxy", "edge.caddy", "edge.monitor", "edge.probe"]),
+    ("running", ["settings", "worker_settings", "temporal_config", "connections", "payload_codec", "logs",
+                 "tracing", "schedules", "starts", "edge.settings"]),
+    ("entry points", ["client", "cli", "commands", "codec_server", "domain_checks", "tables", "edge.process"]),
+]
+"""certflow's layers, lowest first, as its package docstring states them."""
+
+
+def _layer(module: str) -> int | None:
+    name = module.removeprefix("certflow.")
+    found = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if name == prefix or name.startswith(prefix + ".")
+    ]
+    return max(found)[1] if found else None
+
+
+def test_no_module_imports_from_a_layer_above_it() -> None:
+    """Imports run one way: foundations ← payloads ← protocols ← running ← entry
+    points, and certflow never imports ``activities`` or ``workflows`` (nor
+    activities workflows). Every module of certflow/ has a layer. Red when one
+    reaches up (shown: ``parse_host_port`` imported from certflow.settings by
+    certflow/edge/caddy.py, as it was written), or a new module has no layer."""
+    modules = {_module(path) for path in (ROOT / "certflow").rglob("*.py")}
+    upward, homeless = [], []
+    for path in PRODUCT:
+        module = _module(path)
+        own = _layer(module) if module.startswith("certflow.") else None
+        if module.startswith("certflow.") and own is None and path.name != "__init__.py":
+            homeless.append(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                if module.startswith(("certflow", "activities")) and top in ("workflows", "worker") or (
+                    module.startswith("certflow") and top == "activities"
+                ):
+                    upward.append(f"{module} -> {name}")
+                if own is None or top != "certflow":
+                    continue
+                while name not in modules and "." in name:
+                    name = name.rsplit(".", 1)[0]
+                target = _layer(name)
+                if target is not None and target > own:
+                    upward.append(f"{module} ({LAYERS[own][0]}) -> {name} ({LAYERS[target][0]})")
+    assert (upward, homeless) == ([], [])

@@ -10,7 +10,8 @@ import pytest
 from certflow.errors import ConfigError
 from certflow.settings import ClientSettings, load_settings
 from certflow.temporal_config import load_temporal_connection
-from certflow.worker_settings import KeyType, Settings
+from certflow.crypto import KeyType
+from certflow.worker_settings import Settings
 
 GOOD = {
     "CERTFLOW_DATABASE_URL": "postgresql://postgres@127.0.0.1/certflow",
