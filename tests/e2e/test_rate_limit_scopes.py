@@ -1,6 +1,6 @@
 """Let's Encrypt's rate limits as scopes, end to end: a real worker, Postgres, the
 Temporal dev server and Pebble, with the fault proxy's limits emulator playing
-Boulder's buckets in front of Pebble (devstack/faultproxy.py ``emulate_limits``).
+Boulder's buckets in front of Pebble (devstack/faultproxy/ ``emulate_limits``).
 
 Each scenario has its own Pebble, proxy, database, task queue and worker
 (``build_stack``), waits on conditions (statuses, the emulator's decisions), prints
