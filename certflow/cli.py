@@ -84,6 +84,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
+    command(
+        "migrate-runs",
+        "bring every running certificate workflow to the current design (docs/changing-the-workflow.md)",
+    )
     p = command(
         "codec-server",
         "decode encrypted payloads for the Temporal Web UI and CLI (operators only; runs until stopped)",

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from certflow.client import CertflowClient
 from certflow.connections import open_postgres
-from certflow.contract import workflow_id_for
+from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejectedError
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError, parse_host_port
@@ -320,6 +320,37 @@ async def edge_(args: argparse.Namespace) -> int:
     return await run_edge(settings)
 
 
+MIGRATE_CONCURRENCY = 20
+"""Signals in flight at once (a signal is one billable action and one history event)."""
+
+
+async def migrate_runs(args: argparse.Namespace) -> int:
+    """Signal ``migrate`` to every running Certificate workflow of the task queue: a
+    run of an older design continues as new in the current one at once (nothing
+    for the others); docs/changing-the-workflow.md, "Retiring an old design"."""
+    from temporalio.service import RPCError
+
+    async with _client() as client:
+        query = (
+            f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
+            f' AND TaskQueue="{client.task_queue}"'
+        )
+        ids = [execution.id async for execution in client.temporal.list_workflows(query)]
+        slots = asyncio.Semaphore(MIGRATE_CONCURRENCY)
+        ended: list[str] = []
+
+        async def one(workflow_id: str) -> None:
+            async with slots:
+                try:
+                    await client.temporal.get_workflow_handle(workflow_id).signal("migrate")
+                except RPCError:
+                    ended.append(workflow_id)  # closed since it was listed
+
+        await asyncio.gather(*(one(i) for i in ids))
+    print(f"migrate-runs: {len(ids) - len(ended)} runs signaled ({len(ended)} ended meanwhile)")
+    return 0
+
+
 COMMANDS: dict[str, Command] = {
     "request": request,
     "check": check,
@@ -333,6 +364,7 @@ COMMANDS: dict[str, Command] = {
     "delete": delete,
     "cooldown": cooldown,
     "reconcile": reconcile,
+    "migrate-runs": migrate_runs,
     "rotate-keys": rotate_keys_,
     "migrate": migrate_,
     "codec-server": codec_server_,

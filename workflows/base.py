@@ -18,33 +18,21 @@ with workflow.unsafe.imports_passed_through():
     from activities.dns import DnsActivities
     from activities.records import RecordActivities
     from certflow import search
-    from certflow.contract import (
-        WEBHOOK_DELIVERY_WORKFLOW,
-        webhook_workflow_id,
-    )
+    from certflow.contract import WEBHOOK_DELIVERY_WORKFLOW, webhook_workflow_id
     from certflow.errors import ErrorCode
     from certflow.models import CertificateRecord, CertificateStatus, RequestedMethod, Phase
-    from certflow.workflow_payloads import (
-        CarriedWaits,
-        CertificateInput,
-        CertificateState,
-        WebhookEvent,
-    )
+    from certflow.workflow_payloads import CarriedWaits, CertificateInput, CertificateState, WebhookEvent
     from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
     from workflows.patches import (
+        CURRENT_DESIGN,
         FEWER_ROUND_TRIPS_DESIGN,
+        MIGRATE_AT_WAIT_PATCH,
         ORDER_IN_ONE_STEP_DESIGN,
         RUN_KEPT_AFTER_ISSUANCE_DESIGN,
         RUN_KEPT_BELOW_EVENTS,
     )
-    from workflows.steps import (
-        BEST_EFFORT,
-        POSTGRES,
-        POSTGRES_LOCAL,
-        run,
-        run_local,
-    )
+    from workflows.steps import BEST_EFFORT, POSTGRES, POSTGRES_LOCAL, run, run_local
 
 S = TypeVar("S")
 A = TypeVar("A")
@@ -329,23 +317,54 @@ class CertificateBase:
         if self._state.stop is not None:
             raise Stopped()
 
-    async def _sleep(self, seconds: float, *, interruptible: bool) -> bool:
+    async def _migrate_at_wait(self) -> None:
+        """Before a durable wait: a run of a design older than the current one
+        continues as new in the current design instead of waiting (the wait starts
+        afresh in the next run, from the row and what the waits carry)."""
+        if self._state.design < CURRENT_DESIGN and (
+            self._state.migrate_requested or workflow.patched(MIGRATE_AT_WAIT_PATCH)
+        ):
+            await self._continue_in_current_design()
+
+    @property
+    def _migrating(self) -> bool:
+        """The ``migrate`` signal came to a run of an older design: its waits end."""
+        return self._state.migrate_requested and self._state.design < CURRENT_DESIGN
+
+    async def _migrate_if_asked(self) -> None:
+        """After a durable wait: the ``migrate`` signal ended it (a run whose wait
+        began before the code that migrates at a wait)."""
+        if self._migrating:
+            await self._continue_in_current_design()
+
+    async def _continue_in_current_design(self) -> None:
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(self._next_run_input(carry_waits=True))
+
+    async def _sleep(self, seconds: float, *, interruptible: bool, migrates: bool = False) -> bool:
         """A durable wait that cancel/delete always end and, when interruptible,
         "retry now" ends too (also one sent during the attempt before it).
-        Returns whether "retry now" ended it."""
+        Returns whether "retry now" ended it. ``migrates``: a wait the next run
+        starts afresh from the row alone (a DNS recheck, FAILED), where a run of an
+        older design continues as new instead (``_migrate_at_wait``); never a CA's
+        Retry-After, a failure's backoff or an order's poll, which it would cut short."""
         if seconds <= 0:
             return False
+        if migrates:
+            await self._migrate_at_wait()
         self._state.next_attempt_at = workflow.now() + timedelta(seconds=seconds)
         self._state.retry_cuts_wait = interruptible
         self._publish()
         retried = False
         try:
             await workflow.wait_condition(
-                lambda: self._state.stop is not None or (interruptible and self._state.retry_requested),
+                lambda: self._state.stop is not None
+                or (interruptible and self._state.retry_requested)
+                or (migrates and self._migrating),
                 timeout=timedelta(seconds=seconds),
                 timeout_summary=f"{self._state.phase} until {self._state.next_attempt_at:%H:%M:%S} UTC",
             )
-            retried = self._state.stop is None
+            retried = self._state.stop is None and not (migrates and self._migrating)
         except asyncio.TimeoutError:
             pass
         finally:
@@ -353,6 +372,8 @@ class CertificateBase:
             self._state.retry_cuts_wait = False
             if interruptible:
                 self._state.retry_requested = False
+        if migrates:
+            await self._migrate_if_asked()
         return retried
 
     def _view(self) -> CertificateState:

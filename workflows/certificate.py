@@ -195,6 +195,12 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 f"nothing to retry: {record.hostname} is {record.status}{hint}", non_retryable=True
             )
 
+    @workflow.signal(name="migrate")
+    def migrate_signal(self) -> None:
+        """Continue as new in the current design now, if this run's is older
+        (``starter.py migrate-runs``); nothing for a run of the current design."""
+        self._state.migrate_requested = True
+
     @workflow.signal(name="renewal_window")
     def renewal_window_signal(self, window: RenewalWindow) -> None:
         """The CA's ARI window moved (sent by the renewal-info sweep): plan again. A

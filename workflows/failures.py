@@ -222,7 +222,8 @@ class FailureHandling(CertificateBase):
         else:
             self._enter(Phase.WAITING_BEFORE_RETRY)
             delay = failure_backoff(record.retry_count, policy)
-        await self._sleep(self._capped(delay), interruptible=True)
+        # A recheck starts afresh in a next run; a backoff must be waited out here.
+        await self._sleep(self._capped(delay), interruptible=True, migrates=failure.code in RECHECK_CODES)
 
     def _capped(self, delay: float) -> float:
         """During a renewal, wake when the old certificate lapses (to show EXPIRED on
@@ -253,15 +254,17 @@ class FailureHandling(CertificateBase):
         self._enter(Phase.FAILED_WAITING)
         automatic = retries_automatically(self._record.error_code)
         if policy.failed_retry_seconds > 0 and automatic:
-            await self._sleep(policy.failed_retry_seconds, interruptible=True)
+            await self._sleep(policy.failed_retry_seconds, interruptible=True, migrates=True)
         else:
+            await self._migrate_at_wait()
             self._state.next_attempt_at = None
             self._state.retry_cuts_wait = True
             await workflow.wait_condition(
-                lambda: self._state.retry_requested or self._state.stop is not None
+                lambda: self._state.retry_requested or self._state.stop is not None or self._migrating
             )
             self._state.retry_cuts_wait = False
             self._state.retry_requested = False
+            await self._migrate_if_asked()
 
     async def _reopen_failed(self) -> bool:
         record = self._record

@@ -104,3 +104,17 @@ budget and the open order the workflow knows of: it waits the failure backoff an
 tries again, so worker crashes never make a certificate FAILED; it used to count as
 a failed attempt (ACME_TEMPORARY, budget +1). Branch in workflows/failures.py
 (``_record_failure``); the marker is written only by a run that meets the case."""
+CURRENT_DESIGN = RUN_KEPT_AFTER_ISSUANCE_DESIGN
+"""The design every run is brought to (docs/changing-the-workflow.md, "Retiring an
+old design"): a run of an older one continues as new in it at its next durable wait
+(MIGRATE_AT_WAIT_PATCH), or at once on the ``migrate`` signal."""
+MIGRATE_AT_WAIT_PATCH = "migrate-at-wait"
+"""A run of a design older than CURRENT_DESIGN (started by a client that asked for
+an older one, or by a start that asked for none) continues as new in the current
+design when it is about to start a wait the next run starts afresh from the row
+alone (the renewal wait, a DNS recheck, FAILED), instead of waiting; a run already
+in one (its wait started before this code) does so on the ``migrate`` signal
+(``starter.py migrate-runs``). A CA's Retry-After, a failure's backoff and an
+order's poll are waited out first: they would be cut short. Runs of the current
+design never reach the patch: no marker. Branches in workflows/base.py
+(``_migrate_at_wait``, ``_sleep``'s ``migrates``)."""

@@ -80,18 +80,21 @@ class Renewing(CertificateBase):
                 return True
             if workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN:
                 return False
+            await self._migrate_at_wait()
             self._state.window_moved = False
             self._state.next_attempt_at = renew_at
             self._enter(Phase.WAITING_FOR_RENEWAL)
             try:
                 await workflow.wait_condition(
-                    lambda: self._state.renew_requested or self._state.stop is not None or self._state.window_moved,
+                    lambda: self._state.renew_requested or self._state.stop is not None
+                    or self._state.window_moved or self._migrating,
                     timeout=renew_at - now,
                     timeout_summary=f"renewal at {renew_at:%Y-%m-%d %H:%M} UTC",
                 )
             except asyncio.TimeoutError:
                 pass
             self._state.next_attempt_at = None
+            await self._migrate_if_asked()
         return True
 
     def _young(self, now: datetime) -> bool:
@@ -113,18 +116,21 @@ class Renewing(CertificateBase):
             record.serial,
         )
         backstop = spread_renewal_time(record.not_before, record.expires_at, None, fraction)
+        await self._migrate_at_wait()
         self._state.window_moved = False
         self._state.next_attempt_at = backstop
         self._enter(Phase.WAITING_FOR_RENEWAL_INFO)
         try:
             await workflow.wait_condition(
-                lambda: self._state.renew_requested or self._state.stop is not None or self._state.window_moved,
+                lambda: self._state.renew_requested or self._state.stop is not None
+                or self._state.window_moved or self._migrating,
                 timeout=max(backstop - workflow.now(), timedelta(seconds=1)),
                 timeout_summary="the next renewal-info answer",
             )
         except asyncio.TimeoutError:
             pass
         self._state.next_attempt_at = None
+        await self._migrate_if_asked()
         self._state.ari_hold_released = True
 
     async def _ask_and_wait_for_renewal(self) -> None:

@@ -69,6 +69,9 @@ class RunState:
     status that lasted a second (PROVISIONING, RENEWING on the way to ACTIVE)."""
 
     # -- what signals and updates ask of the loop
+    migrate_requested: bool = False
+    """The ``migrate`` signal came: a run of an older design continues as new in the
+    current one as soon as it waits (workflows/base.py, ``_migrate_at_wait``)."""
     retry_requested: bool = False
     renew_requested: bool = False
     renew_next_run: bool = False

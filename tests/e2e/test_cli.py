@@ -3,11 +3,13 @@ that writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +18,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from certflow.client import CertflowClient
+from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.store import cooldowns
+from certflow.workflow_payloads import CertificateInput
 from devstack import servers
 from certflow.models import LimitScope
 from tests.e2e.conftest import Deployment
@@ -258,3 +263,41 @@ async def test_a_hostname_belongs_to_its_tenant(deployment: Deployment, db: asyn
     with pytest.raises(asyncpg.CheckViolationError, match="changes only by a transfer"):
         await db.execute("UPDATE certificates SET tenant_id = 'tenant-b' WHERE hostname = $1", hostname)
     assert await db.fetchval("SELECT tenant_id FROM certificates WHERE hostname = $1", hostname) == "tenant-a"
+
+
+async def test_migrate_runs_signals_each_running_certificate_of_its_task_queue(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    """``migrate-runs`` lists the running Certificate workflows of its task queue
+    (CERTFLOW_TASK_QUEUE) and signals each ``migrate`` (what a run does with it is
+    tests/workflows/test_migration.py's); a run on another queue is left alone.
+    Runs on a queue no worker polls: the signal lands in their history. Red
+    without the TaskQueue clause of the query (the other queue's run signaled too)."""
+    queues = [f"certflow-migrate-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    handles = []
+    for queue in queues:
+        hostname = deployment.bare_hostname("migrate")
+        handles.append(await client.temporal.start_workflow(
+            CERTIFICATE_WORKFLOW, CertificateInput(hostname=hostname),
+            id=workflow_id_for(hostname), task_queue=queue,
+        ))
+    try:
+        env = {**_client_env(deployment), "CERTFLOW_TASK_QUEUE": queues[0]}
+        deadline = time.monotonic() + 30
+        while True:  # visibility lags a start by a moment
+            result = _run(["starter.py", "migrate-runs"], env)
+            assert result.returncode == 0, result.stderr
+            if "1 runs signaled" in result.stdout or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert "migrate-runs: 1 runs signaled (0 ended meanwhile)" in result.stdout, result.stdout
+        signaled = []
+        for handle in handles:
+            history = await handle.fetch_history()
+            signaled.append(any(
+                e.workflow_execution_signaled_event_attributes.signal_name == "migrate" for e in history.events
+            ))
+        assert signaled == [True, False]
+    finally:
+        for handle in handles:
+            await handle.terminate("test over")

@@ -220,9 +220,9 @@ async def test_three_renewal_cycles_each_renew_at_their_time(
     workflow_env: WorkflowEnvironment, lifetime: timedelta, renew_after: timedelta
 ) -> None:
     """Each cycle renews at its time with a new certificate. A run of
-    ORDER_IN_ONE_STEP_DESIGN ends its cycle with continue-as-new, into a run of the
-    newest design, which keeps its run after its issuances (RUN_KEPT_AFTER_ISSUANCE_DESIGN):
-    two runs for three cycles."""
+    ORDER_IN_ONE_STEP_DESIGN continues as new into the current design before its
+    first renewal wait (MIGRATE_AT_WAIT_PATCH), and that run keeps itself after
+    its issuances (RUN_KEPT_AFTER_ISSUANCE_DESIGN): one run for the three cycles."""
     t0 = await workflow_env.get_current_time()
     fakes = Fakes(workflow_env, row=active_row(t0, lifetime), lifetime=lifetime)
     async with started(workflow_env, fakes, design=ORDER_IN_ONE_STEP_DESIGN) as run:
@@ -248,7 +248,7 @@ async def test_three_renewal_cycles_each_renew_at_their_time(
             run_id = await run.run_id()
             if run_id != run_ids[-1]:
                 run_ids.append(run_id)
-        assert len(run_ids) == 2  # continued as new after the first cycle only
+        assert len(run_ids) == 1  # migrated before the first wait; kept since
 
         lengths = []
         for run_id in run_ids:
@@ -258,9 +258,10 @@ async def test_three_renewal_cycles_each_renew_at_their_time(
             lengths.append(len(history.events))
         print(f"{lifetime.days}-day certificate: history lengths of the runs {lengths}")
         assert all(n < 100 for n in lengths), lengths
-        # The first run reads the row; each run after an issuance starts from it and
-        # reads it again (with the worker's policy) only when it renews.
-        assert len(fakes.of("ensure_certificate")) == 3
+        # The first run reads the row, and so does the run it migrated into; after an
+        # issuance the run goes on from the row it stored and reads it again (with
+        # the worker's policy) only when it renews.
+        assert len(fakes.of("ensure_certificate")) == 4
         await run.cancel()
 
 

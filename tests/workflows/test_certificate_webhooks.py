@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from certflow.contract import CERTIFICATE_WORKFLOW
+from certflow.contract import CERTIFICATE_DESIGN, CERTIFICATE_WORKFLOW
 from certflow.workflow_payloads import CertificateInput, CertificateState, WebhookEvent
 from certflow.errors import ErrorCode
 from tests.workflows.fakes import (
@@ -76,7 +76,7 @@ async def _certificate(
     ):
         handle: WorkflowHandle[Any, CertificateState] = await env.client.start_workflow(
             CERTIFICATE_WORKFLOW,
-            CertificateInput(hostname=HOSTNAME, tenant_id=tenant_id),
+            CertificateInput(hostname=HOSTNAME, tenant_id=tenant_id, design=CERTIFICATE_DESIGN),
             id=f"certificate:{HOSTNAME}:{uuid.uuid4()}",
             task_queue=task_queue,
             result_type=CertificateState,
