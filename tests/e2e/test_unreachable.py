@@ -52,6 +52,7 @@ ARGS: dict[str, list[str]] = {
     "reconcile": ["reconcile"],
     "rotate-keys": ["rotate-keys"],
     "migrate": ["migrate"],
+    "migrate-runs": ["migrate-runs"],
 }
 POSTGRES_ONLY = {"rotate-keys", "migrate"}
 CONNECTS_NOWHERE = {"codec-server", "edge"}
