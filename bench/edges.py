@@ -46,6 +46,7 @@ from typing import Any
 
 import asyncpg
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from bench.stack import Stack
 from bench.stats import percentile
@@ -219,10 +220,9 @@ def _static_caddy(workdir: Path, pem: bytes) -> tuple[int, Callable[[], None]]:
     as a configuration without certflow would: the caddy kind's baseline (the
     shipped file's default certificate is itself fetched per handshake)."""
     workdir.mkdir(parents=True)
-    text = pem.decode()
-    split = text.index("-----BEGIN PRIVATE KEY-----")
-    (workdir / "static.crt").write_text(text[:split])
-    (workdir / "static.key").write_text(text[split:])
+    cert_pem = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.PEM)
+    (workdir / "static.crt").write_bytes(cert_pem)
+    (workdir / "static.key").write_bytes(pem[len(cert_pem):])  # pem is the certificate, then its key
     port = free_port()
     (workdir / "Caddyfile").write_text(f"""{{
 	admin off

@@ -224,7 +224,10 @@ def test_pki_is_x509_v3_with_the_extensions_rustls_wants(tmp_path: Path) -> None
 
     for key_path in (pki.server_key, pki.client_key, pki.other_client_key, pki.server_pem):
         assert stat.S_IMODE(key_path.stat().st_mode) == 0o600, key_path
-        assert b"-----BEGIN PRIVATE KEY-----" in key_path.read_bytes()  # PKCS#8
+        written = key_path.read_bytes()
+        key = serialization.load_pem_private_key(written[written.index(b"-----BEGIN", 1 if key_path == pki.server_pem else 0):], password=None)
+        pkcs8 = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        assert written.endswith(pkcs8)  # PKCS#8, as written
     combined = pki.server_pem.read_bytes()
     assert combined == pki.server_cert.read_bytes() + pki.server_key.read_bytes()
     serialization.load_pem_private_key(pki.server_key.read_bytes(), password=None)

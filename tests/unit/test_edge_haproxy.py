@@ -14,6 +14,7 @@ import pytest
 
 from certflow.edge.haproxy import HAProxyTarget
 from certflow.edge.maintain import EdgeUnreachableError, PushRefusedError
+from tests.unit.edge_pki import leaf
 
 LIST = "/etc/haproxy/certflow.crtlist"
 
@@ -75,7 +76,7 @@ class FakeHAProxy:
         if words[:3] == ["set", "ssl", "cert"]:
             if self.pending not in (None, name):
                 return f"The ongoing transaction is about '{self.pending}' but you are trying to set '{name}'"
-            assert payload is not None and "PRIVATE KEY" in payload
+            assert payload is not None and KEY.decode().strip() in payload
             created = self.pending is None
             self.pending = name
             return f"Transaction {'created' if created else 'updated'} for certificate {name}!"
@@ -125,8 +126,7 @@ async def haproxy(tmp_path: Path) -> AsyncIterator[tuple[FakeHAProxy, str]]:
     server.close()
 
 
-PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
-KEY = b"-----BEGIN PRIVATE KEY-----\nMIGH\n-----END PRIVATE KEY-----\n"
+PEM, KEY = leaf("a.example.com")  # made at run time: no key lives in the repository
 
 
 async def test_a_new_name_then_a_renewal_then_a_removal(haproxy: tuple[FakeHAProxy, str]) -> None:
