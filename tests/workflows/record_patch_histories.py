@@ -14,6 +14,15 @@ fallback between two issuers and a renewal that stays with the second;
 transfer and a ``renew`` signal that reach the run handing over after an issuance;
 ``lost-worker`` (and ``lost-worker-unpatched``): two failed attempts, then one whose
 worker was lost (FAILED before the patch, then retried; issued after it).
+
+``kept-run``: every scenario above on the current design (the fakes start runs
+of it), so that retiring the older designs keeps each path's replay, and a run of
+the oldest supported design migrating at its first wait (``migrate-at-wait``).
+``kept-run-unpatched``: the renew-next-run and lost-worker scenarios with those
+patches' ``workflow.patched`` answering False and writing no marker, as the
+code before them did: their old branches stay covered on the current design.
+``start-in-design``: a start that names no design (a product's own
+``start_workflow``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from temporalio import workflow
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
@@ -39,6 +51,7 @@ from tests.workflows.fakes import (
     started,
 )
 from tests.workflows.record_histories import HISTORIES
+from workflows.patches import LOST_WORKER_PATCH, ORDER_IN_ONE_STEP_DESIGN, RENEW_NEXT_RUN_PATCH
 from tests.workflows.test_certificate_ownership import handing_over_after_issuance
 from tests.workflows.test_certificate_workflow import answered_twice_then_lost, stored_but_result_lost
 
@@ -54,9 +67,7 @@ async def _row_moved_on(env: WorkflowEnvironment, name: str) -> None:
         else:
             await run.result()
         history = await run.handle.fetch_history()
-    path = HISTORIES / f"{name}-1.json"
-    path.write_text(json.dumps(json.loads(history.to_json()), indent=1) + "\n")
-    print(f"wrote {path.name} ({len(history.events)} events)")
+    _write(f"{name}-1", history, len(history.events))
 
 
 def _write(name: str, history: object, events: int) -> None:
@@ -153,12 +164,67 @@ async def _lost_worker(env: WorkflowEnvironment, name: str) -> None:
         await _write_runs(env, run, name)
 
 
+async def _migrate_at_wait(env: WorkflowEnvironment, name: str) -> None:
+    """A run of the oldest supported design whose first DNS check fails: it
+    continues as new in the current design instead of waiting for the recheck
+    (MIGRATE_AT_WAIT_PATCH), and the next run issues."""
+    fakes = Fakes(env, behaviours={"check_dns": fail_first(1, dns_cname_error)})
+    async with started(env, fakes, design=ORDER_IN_ONE_STEP_DESIGN) as run:
+        await run.until_active()
+        await run.cancel()
+        await _write_runs(env, run, name)
+
+
+async def _start_in_design(env: WorkflowEnvironment, name: str) -> None:
+    """A start that names no design, issued; both runs up to the renewal wait."""
+    fakes = Fakes(env)
+    async with started(env, fakes, design=None) as run:
+        await run.until_active()
+        await run.cancel()
+        await _write_runs(env, run, name)
+
+
+@contextmanager
+def _before(*patches: str) -> Iterator[None]:
+    """``workflow.patched`` answers False for these patches and writes no marker,
+    as the code before them did (the sandbox passes temporalio through)."""
+    real = workflow.patched
+
+    def patched(patch_id: str) -> bool:
+        return False if patch_id in patches else real(patch_id)
+
+    workflow.patched = patched  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        workflow.patched = real  # type: ignore[assignment]
+
+
+async def _current_design(env: WorkflowEnvironment, suffix: str) -> None:
+    """Every scenario of this file on the current design."""
+    await _row_moved_on(env, f"row-moved-on-{suffix}")
+    await _issuer_fallback(env, f"issuer-fallback-{suffix}")
+    await _renew_while_handing_over(env, f"handing-over-renew-next-run-{suffix}")
+    await _lost_worker(env, f"budget-lost-worker-{suffix}")
+    await _long_dns_wait(env, f"long-dns-wait-{suffix}")
+    await _failed_then_retried(env, f"failed-then-retried-{suffix}")
+    await _migrate_at_wait(env, f"migrate-at-wait-{suffix}")
+
+
 async def _main(suffix: str) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=find_test_server(), data_converter=pydantic_data_converter
     )
     try:
-        if suffix in ("", "unpatched"):
+        if suffix == "kept-run":
+            await _current_design(env, suffix)
+        elif suffix == "kept-run-unpatched":
+            with _before(RENEW_NEXT_RUN_PATCH, LOST_WORKER_PATCH):
+                await _renew_while_handing_over(env, f"handing-over-renew-next-run-{suffix}")
+                await _lost_worker(env, f"budget-lost-worker-{suffix}")
+        elif suffix == "start-in-design":
+            await _start_in_design(env, suffix)
+        elif suffix in ("", "unpatched"):
             await _row_moved_on(env, "row-moved-on" + (f"-{suffix}" if suffix else ""))
         elif suffix == "issuers":
             await _issuer_fallback(env, "issuer-fallback")
