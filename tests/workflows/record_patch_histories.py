@@ -197,7 +197,7 @@ def _before(*patches: str) -> Iterator[None]:
     try:
         yield
     finally:
-        workflow.patched = real  # type: ignore[assignment]
+        workflow.patched = real
 
 
 async def _current_design(env: WorkflowEnvironment, suffix: str) -> None:
