@@ -230,8 +230,8 @@ class IssuedCertificate(Frozen):
 
 
 class ValidateOrderInput(Frozen):
-    """The order's validation in one activity (workflows of the fewer-round-trips
-    design): the self-check of the challenge, then the accept and the fast poll."""
+    """The order's validation in one activity: the self-check of the challenge, then
+    the accept and the fast poll."""
 
     wait: WaitForOrderInput
     certificate_id: str

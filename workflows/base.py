@@ -26,9 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.run_state import RunState, Stopped
     from workflows.patches import (
         CURRENT_DESIGN,
-        FEWER_ROUND_TRIPS_DESIGN,
         MIGRATE_AT_WAIT_PATCH,
-        ORDER_IN_ONE_STEP_DESIGN,
         RUN_KEPT_AFTER_ISSUANCE_DESIGN,
         RUN_KEPT_BELOW_EVENTS,
     )
@@ -113,19 +111,6 @@ class CertificateBase:
             parent_close_policy=ParentClosePolicy.ABANDON,
         )
 
-    def _patched(self, patch: str) -> bool:
-        """``workflow.patched`` for the patches of workflows/patches.py up to
-        FEWER_ROUND_TRIPS_PATCH: applied without a marker in runs of that design."""
-        return self._fewer_round_trips or workflow.patched(patch)
-
-    @property
-    def _fewer_round_trips(self) -> bool:
-        return self._state.design >= FEWER_ROUND_TRIPS_DESIGN
-
-    @property
-    def _order_in_one_step(self) -> bool:
-        return self._state.design >= ORDER_IN_ONE_STEP_DESIGN
-
     @property
     def _row_just_read(self) -> bool:
         """The row was read in this workflow task: nothing waited since (any wait
@@ -133,14 +118,12 @@ class CertificateBase:
         return self._state.row_read_at == workflow.now()
 
     async def _postgres(self, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
-        """A step that only touches Postgres: local in runs of the fewer-round-trips
-        design (a marker, no task of its own), a regular activity when Postgres has
-        not answered it within a minute or in older runs."""
-        if self._fewer_round_trips:
-            try:
-                return await run_local(POSTGRES_LOCAL, activity, arg)
-            except ActivityError:
-                workflow.logger.warning("Postgres did not answer a local step: retrying it as an activity")
+        """A step that only touches Postgres: local (a marker, no task of its own), a
+        regular activity when Postgres has not answered it within a minute."""
+        try:
+            return await run_local(POSTGRES_LOCAL, activity, arg)
+        except ActivityError:
+            workflow.logger.warning("Postgres did not answer a local step: retrying it as an activity")
         return await run(POSTGRES, activity, arg)
 
     async def _read_row(

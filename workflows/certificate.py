@@ -39,14 +39,7 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
-from workflows.patches import (
-    BOUNDED_HISTORY_PATCH,
-    FEWER_ROUND_TRIPS_DESIGN,
-    FEWER_ROUND_TRIPS_PATCH,
-    FOLLOW_MOVED_ROW_PATCH,
-    RENEW_NEXT_RUN_PATCH,
-    HISTORY_EVENTS_BEFORE_NEW_RUN,
-)
+from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, RENEW_NEXT_RUN_PATCH, design_of
 from workflows.renew import Renewing
 from workflows.stop import Stopping
 
@@ -63,12 +56,8 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
-        self._state.design = (
-            input.design
-            if input.design is not None
-            else FEWER_ROUND_TRIPS_DESIGN if workflow.patched(FEWER_ROUND_TRIPS_PATCH) else 1
-        )
-        if self._order_in_one_step and self._state.published is None:
+        self._state.design = design_of(input.design)
+        if self._state.published is None:
             self._state.published = self._shown_at_start()  # no upsert repeats the start's
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
@@ -80,10 +69,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 return await self._finish_stop(self._state.stop)
             if record.status is CertificateStatus.CANCELED:
                 return await self._end(Phase.CANCELED)
-            if (
-                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
-                and self._patched(BOUNDED_HISTORY_PATCH)
-            ):
+            if workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._next_run_input(carry_waits=True))
             if record.status is CertificateStatus.ACTIVE:
@@ -105,8 +91,6 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
             except AttemptFailed as failure:
                 self._state.dns_failures = self._state.dns_failures + 1 if failure.code in RECHECK_CODES else 0
                 if not await self._record_failure(failure, self._state.policy):
-                    if not self._patched(FOLLOW_MOVED_ROW_PATCH):
-                        return await self._end(Phase.ROW_MOVED_ON)
                     if not await self._follow_moved_row(renewal):
                         return await self._end(Phase.ROW_GONE)
                     continue

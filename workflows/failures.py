@@ -35,14 +35,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from workflows.base import CertificateBase
-from workflows.patches import (
-    GIVE_UP_PATCH,
-    NOT_READY_WEBHOOK_PATCH,
-    BOUNDED_COOLDOWN_WAIT_PATCH,
-    COOLDOWN_SPREAD_PATCH,
-    HISTORY_EVENTS_BEFORE_NEW_RUN,
-    LOST_WORKER_PATCH,
-)
+from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, LOST_WORKER_PATCH
 
 
 class FailureHandling(CertificateBase):
@@ -96,7 +89,6 @@ class FailureHandling(CertificateBase):
             applied
             and failure.code in NOT_READY_CODES
             and outcome.error_code is not record.error_code  # once per reason, not per re-check
-            and self._patched(NOT_READY_WEBHOOK_PATCH)
         ):
             await self._notify("not_ready")
         return applied
@@ -176,7 +168,7 @@ class FailureHandling(CertificateBase):
         if record.status is CertificateStatus.PENDING and record.serial is None:
             since = self._state.pending_since = self._state.pending_since or now
             days = policy.pending_timeout_days
-            if days > 0 and now - since >= timedelta(days=days) and self._patched(GIVE_UP_PATCH):
+            if days > 0 and now - since >= timedelta(days=days):
                 await self._give_up(
                     CertificateStatus.CANCELED,
                     ErrorCode.ABANDONED,
@@ -184,13 +176,13 @@ class FailureHandling(CertificateBase):
                 )
                 return True
         departed = self._state.departed_at
-        if record.status is CertificateStatus.EXPIRED and departed is None and self._patched(GIVE_UP_PATCH):
+        if record.status is CertificateStatus.EXPIRED and departed is None:
             # Expired, and still not routed to us (asked again, or since before this
             # run): departed from now.
             departed = self._state.departed_at = now
         if record.status is CertificateStatus.EXPIRED and departed is not None:
             days = policy.departed_retention_days
-            if days > 0 and now - departed >= timedelta(days=days) and self._patched(GIVE_UP_PATCH):
+            if days > 0 and now - departed >= timedelta(days=days):
                 return True
         return False
 
@@ -207,8 +199,7 @@ class FailureHandling(CertificateBase):
             self._enter(Phase.WAITING_FOR_RATE_LIMIT)
             # Retry-After 0 means "now", but a CA repeating it must not spin us.
             seconds = max(failure.retry_after or 0.0, 1.0)
-            if self._patched(COOLDOWN_SPREAD_PATCH):
-                seconds += cooldown_spread(seconds, workflow.random().random())
+            seconds += cooldown_spread(seconds, workflow.random().random())
             await self._wait_for_cooldown(self._capped(seconds))
             return
         if failure.code in RECHECK_CODES:
@@ -244,10 +235,7 @@ class FailureHandling(CertificateBase):
             seconds = await run(POSTGRES, AcmeActivities.cooldown_remaining, record.hostname)
             if seconds <= 0:
                 return
-            if (
-                workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
-                and self._patched(BOUNDED_COOLDOWN_WAIT_PATCH)
-            ):
+            if workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN:
                 return  # retried again and again: the main loop continues as new
 
     async def _wait_failed(self, policy: ProvisioningPolicy) -> None:

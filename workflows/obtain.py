@@ -11,7 +11,6 @@ with workflow.unsafe.imports_passed_through():
     from activities.acme import AcmeActivities
     from activities.dns import DnsActivities
     from activities.obtain import ObtainActivities
-    from activities.preflight import PreflightActivities
     from activities.records import RecordActivities
     from certflow.errors import ErrorCode
     from certflow.issuers import DEFAULT_ISSUER
@@ -24,18 +23,12 @@ with workflow.unsafe.imports_passed_through():
         ValidationMethod,
     )
     from certflow.activity_payloads import (
-        AcceptChallengeInput,
         CheckDnsInput,
-        CreateOrderInput,
         Dns01ChallengeInput,
-        DnsVerdict,
         FinalizeInput,
-        Http01CheckInput,
         IssuedCertificate,
-        OpenedOrder,
         OrderAndValidateInput,
         OrderProgress,
-        PersistChallengeInput,
         PlaceOrderInput,
         PlacedOrder,
         RowRequest,
@@ -46,27 +39,19 @@ with workflow.unsafe.imports_passed_through():
     from workflows.policy import choose_issuer, issuer_reason, order_poll_delay
     from workflows.run_state import Stopped
     from workflows.steps import (
-        CA,
         DNS,
         DNS01_PUBLISH,
         FINALIZE,
-        POSTGRES,
         AttemptFailed,
         failure_of,
         order_and_validate,
-        order_wait,
         run,
         run_local,
         validate_order,
     )
 
 from workflows.base import CertificateBase
-from workflows.patches import (
-    BOUNDED_ORDER_POLL_PATCH,
-    HISTORY_EVENTS_BEFORE_NEW_RUN,
-    HTTP01_SELF_CHECK_PATCH,
-    PLACE_ORDER_PATCH,
-)
+from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN
 
 
 class Obtaining(CertificateBase):
@@ -75,110 +60,36 @@ class Obtaining(CertificateBase):
     async def _issue(self, record: CertificateRecord, policy: ProvisioningPolicy) -> IssuedCertificate:
         """One attempt: DNS, order, challenge, wait, finalize and store."""
         try:
-            # Order-in-one-step design: what the search attributes show next is what
-            # the attempt comes to, unless it waits on the way (released there).
-            self._state.attributes_held = self._order_in_one_step
-            order_url, challenge_url = record.order_url, record.challenge_url
-            accept_first = accept_unsure = False
-            self_check = publish = False
-            method = record.validation_method  # of the kept order (None: http-01)
-            methods: list[ValidationMethod] = []
+            # What the search attributes show next is what the attempt comes to,
+            # unless it waits on the way (released there).
+            self._state.attributes_held = True
+            self._state.caa_reading = None
             placed: PlacedOrder | None = None  # this attempt's order, as persisted
             validated: OrderProgress | None = None  # its validation, run with the order
-            method_reason: str | None = None
-            self._state.caa_reading = None
-            if order_url is None:
-                allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
-                if not record.skips_dns:
-                    self._enter(Phase.CHECKING_DNS)
-                    row = None
-                    if self._fewer_round_trips and self._row_just_read:
-                        row = RowRequest(requested_method=record.requested_method, tenant_id=record.tenant_id)
-                    verdict: DnsVerdict | None = await (
-                        run_local if self._fewer_round_trips else run
-                    )(DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname, row=row))
-                    if verdict is not None:  # None in histories from before issuers
-                        allowed = verdict.allowed_issuers
-                        self._state.caa_reading = verdict.caa_reading
-                        methods, method_reason = verdict.methods, verdict.method_reason
-                    self._check_stop()
-                if self._state.caa_disagreements:
-                    allowed = self._not_disagreeing(allowed)
-                self._choose_issuer(record, allowed, policy)
-                self._enter(Phase.ORDERING if self._order_in_one_step else Phase.CREATING_ORDER)
-                accept_first = self._patched(PLACE_ORDER_PATCH)
-                order: OpenedOrder
-                if accept_first:
-                    order_input = PlaceOrderInput(
-                        certificate_id=record.certificate_id,
-                        hostname=record.hostname,
-                        kind=self._order_kind(record),
-                        issuer=self._state.issuer,
-                        issuer_reason=self._state.issuer_reason,
-                        methods=methods,
-                        method_reason=method_reason,
-                    )
-                    if self._order_in_one_step:
-                        placed, validated = await self._order_and_validate(order_input, policy)
-                        order = placed
-                    else:
-                        order = placed = await run(CA, AcmeActivities.place_order, order_input)
-                else:
-                    order = await self._create_and_persist_order(record)
-                order_url, challenge_url, method = order.order_url, order.challenge_url, order.method
-                if validated is not None:
-                    self._state.accepted_challenge = challenge_url
-                # Ready at once: finalize follows, and what the search attributes show
-                # next is its outcome; else they show the order before the wait.
-                self._state.attributes_held = validated is not None and validated.status in ISSUABLE
-                renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-                record = self._set_written(
-                    placed.row if placed is not None else None,
-                    record,
-                    order_url=order_url,
-                    challenge_url=challenge_url,
-                    status=record.status if renewal else CertificateStatus.PROVISIONING,
-                    error_code=None,
-                    error_message=None,
-                    order_issuer=self._state.issuer,
-                    validation_method=method,
-                )
-                self._check_stop()
+            if record.order_url is None:
+                record, placed, validated = await self._open_order(record, policy)
+                method = placed.method
                 # Before the CA is asked: the HTTP-01 fetch as it will make it, or our
                 # dns-01 TXT on every server; a persist record is read by the CA itself.
-                self_check = accept_first and validated is None and method in (None, ValidationMethod.HTTP_01)
-                publish = accept_first and method is ValidationMethod.DNS_01
-                if not accept_first:
-                    self._enter(Phase.ACCEPTING_CHALLENGE)
-                    await run(
-                        CA,
-                        AcmeActivities.accept_challenge,
-                        AcceptChallengeInput(challenge_url=challenge_url, issuer=self._state.issuer),
-                    )
+                self_check = validated is None and method in (None, ValidationMethod.HTTP_01)
+                publish = method is ValidationMethod.DNS_01
+                accept_first, accept_unsure = True, False
             else:
                 self._state.attributes_held = False
                 self._state.issuer = record.order_issuer  # the kept order's CA
-                if record.error_code is ErrorCode.HTTP01_UNREACHABLE:
-                    self_check = accept_first = True  # kept when its self-check failed: never accepted
-                elif record.error_code in (ErrorCode.DNS01_UPDATE, ErrorCode.DNS01_NOT_VISIBLE):
-                    publish = accept_first = True  # kept before its TXT was everywhere: never accepted
-                elif challenge_url is not None and challenge_url != self._state.accepted_challenge:
-                    # The accept may have failed unanswered (or been answered before this
-                    # run): the activity reads the challenge and POSTs only if pending.
-                    accept_first = accept_unsure = True
-            self_check = (
-                self_check
-                and policy.http01_self_check
-                and self._patched(HTTP01_SELF_CHECK_PATCH)
-            )
-            if self_check and not self._fewer_round_trips:  # else validate_order's first step
-                self._enter(Phase.CHECKING_HTTP01)
-                await run(
-                    DNS,
-                    PreflightActivities.check_http01,
-                    Http01CheckInput(certificate_id=record.certificate_id, hostname=record.hostname),
+                method = record.validation_method  # None: http-01
+                # Kept when its self-check failed, or before its TXT was everywhere:
+                # never accepted.
+                self_check = record.error_code is ErrorCode.HTTP01_UNREACHABLE
+                publish = record.error_code in (ErrorCode.DNS01_UPDATE, ErrorCode.DNS01_NOT_VISIBLE)
+                # The accept may have failed unanswered (or been answered before this
+                # run): the activity reads the challenge and POSTs only if pending.
+                accept_unsure = not (self_check or publish) and record.challenge_url not in (
+                    None, self._state.accepted_challenge
                 )
-                self._check_stop()
+                accept_first = self_check or publish or accept_unsure
+            order_url, challenge_url = record.order_url, record.challenge_url
+            assert order_url is not None  # placed, or kept on the row
             if publish:
                 self._enter(Phase.PUBLISHING_DNS01)
                 await run(
@@ -189,7 +100,7 @@ class Obtaining(CertificateBase):
                 self._check_stop()
             await self._wait_for_order(
                 record.certificate_id, order_url, challenge_url, policy, accept_first, accept_unsure,
-                self_check, placed, validated,
+                self_check and policy.http01_self_check, placed, validated,
             )
             self._check_stop()  # a cancel during polling must not issue a certificate
             self._enter(Phase.FINALIZING)
@@ -215,6 +126,63 @@ class Obtaining(CertificateBase):
             raise failure from None
         finally:
             self._state.attributes_held = False
+
+    async def _open_order(
+        self, record: CertificateRecord, policy: ProvisioningPolicy
+    ) -> tuple[CertificateRecord, PlacedOrder, OrderProgress | None]:
+        """Check DNS (the CAs CAA allows, the methods ready), choose the CA, place the
+        order there and validate it: the row as the order left it, the order, and
+        its validation (None: a dns-01 challenge, whose TXT goes out first)."""
+        allowed = list(policy.issuers)  # a managed hostname: no CAA to ask
+        methods: list[ValidationMethod] = []
+        method_reason: str | None = None
+        if not record.skips_dns:
+            self._enter(Phase.CHECKING_DNS)
+            row = None
+            if self._row_just_read:
+                row = RowRequest(requested_method=record.requested_method, tenant_id=record.tenant_id)
+            verdict = await run_local(
+                DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname, row=row)
+            )
+            allowed = verdict.allowed_issuers
+            self._state.caa_reading = verdict.caa_reading
+            methods, method_reason = verdict.methods, verdict.method_reason
+            self._check_stop()
+        if self._state.caa_disagreements:
+            allowed = self._not_disagreeing(allowed)
+        self._choose_issuer(record, allowed, policy)
+        self._enter(Phase.ORDERING)
+        placed, validated = await self._order_and_validate(
+            PlaceOrderInput(
+                certificate_id=record.certificate_id,
+                hostname=record.hostname,
+                kind=self._order_kind(record),
+                issuer=self._state.issuer,
+                issuer_reason=self._state.issuer_reason,
+                methods=methods,
+                method_reason=method_reason,
+            ),
+            policy,
+        )
+        if validated is not None:
+            self._state.accepted_challenge = placed.challenge_url
+        # Ready at once: finalize follows, and what the search attributes show next
+        # is its outcome; else they show the order before the wait.
+        self._state.attributes_held = validated is not None and validated.status in ISSUABLE
+        renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
+        record = self._set_written(
+            placed.row,
+            record,
+            order_url=placed.order_url,
+            challenge_url=placed.challenge_url,
+            status=record.status if renewal else CertificateStatus.PROVISIONING,
+            error_code=None,
+            error_message=None,
+            order_issuer=self._state.issuer,
+            validation_method=placed.method,
+        )
+        self._check_stop()
+        return record, placed, validated
 
     def _choose_issuer(
         self, record: CertificateRecord, allowed: list[str], policy: ProvisioningPolicy
@@ -283,8 +251,8 @@ class Obtaining(CertificateBase):
     async def _order_and_validate(
         self, order: PlaceOrderInput, policy: ProvisioningPolicy
     ) -> tuple[PlacedOrder, OrderProgress | None]:
-        """Place the order and validate it in one activity (runs of the
-        order-in-one-step design): the order as persisted, and its validation (None:
+        """Place the order and validate it in one activity: the order as persisted,
+        and its validation (None:
         a dns-01 challenge, whose TXT goes out first). When the activity fails, the
         row is read again: it holds the order when one was placed, which the
         failure keeps or abandons as after place_order."""
@@ -308,18 +276,6 @@ class Obtaining(CertificateBase):
             raise
         return done.order, done.progress
 
-    async def _create_and_persist_order(self, record: CertificateRecord) -> OpenedOrder:
-        """How runs from before PLACE_ORDER_PATCH open an order: two activities."""
-        order = await run(CA, AcmeActivities.create_order, CreateOrderInput(hostname=record.hostname))
-        persisted = await run(
-            POSTGRES,
-            RecordActivities.persist_challenge,
-            PersistChallengeInput(certificate_id=record.certificate_id, order=order),
-        )
-        if not persisted:
-            raise AttemptFailed(ErrorCode.ACME_INVALID_ORDER, "the certificate row moved on", None)
-        return order
-
     async def _wait_for_order(
         self,
         certificate_id: str,
@@ -334,10 +290,9 @@ class Obtaining(CertificateBase):
     ) -> None:
         """Poll fast inside an activity (accepting the challenge first when asked),
         then on durable timers that back off. The challenge is POSTed at most once:
-        never again once the CA answered (docs/lifecycle.md, "How a certificate runs"). In runs of the
-        fewer-round-trips design that activity self-checks the challenge first.
-        ``validated``: the first fast poll, done by the activity that placed the
-        order (order-in-one-step design)."""
+        never again once the CA answered (docs/lifecycle.md, "How a certificate runs"). That
+        activity self-checks the challenge first when asked. ``validated``: the
+        first fast poll, done by the activity that placed the order."""
         attempt = 0
         if validated is not None:
             if validated.status in ISSUABLE:
@@ -355,23 +310,18 @@ class Obtaining(CertificateBase):
                 issuer=self._state.issuer,
                 accept_unsure=accepting and accept_unsure,
             )
-            if self._fewer_round_trips:
-                progress = await run(
-                    validate_order(policy.order_fast_poll_seconds),
-                    ObtainActivities.validate_order,
-                    ValidateOrderInput(
-                        wait=wait,
-                        certificate_id=certificate_id,
-                        hostname=self._state.hostname,
-                        self_check=self_check and attempt == 0,
-                        token=placed.token if placed else None,
-                        key_authorization=placed.key_authorization if placed else None,
-                    ),
-                )
-            else:
-                progress = await run(
-                    order_wait(policy.order_fast_poll_seconds), AcmeActivities.wait_for_order, wait
-                )
+            progress = await run(
+                validate_order(policy.order_fast_poll_seconds),
+                ObtainActivities.validate_order,
+                ValidateOrderInput(
+                    wait=wait,
+                    certificate_id=certificate_id,
+                    hostname=self._state.hostname,
+                    self_check=self_check and attempt == 0,
+                    token=placed.token if placed else None,
+                    key_authorization=placed.key_authorization if placed else None,
+                ),
+            )
             if accepting:
                 self._state.accepted_challenge = challenge_url
             if progress.status in ISSUABLE:
@@ -388,7 +338,6 @@ class Obtaining(CertificateBase):
         if (
             workflow.info().get_current_history_length() > HISTORY_EVENTS_BEFORE_NEW_RUN
             and self._state.stop is None
-            and self._patched(BOUNDED_ORDER_POLL_PATCH)
         ):
             # An order the CA keeps pending for days (an incident): the next run
             # goes on polling it from the row, never accepting it again.

@@ -1,63 +1,37 @@
-"""The patches of the Certificate workflow (``workflow.patched``), each keeping the
-histories of older runs replaying, and the bounds its loops keep."""
+"""The designs and patches of the Certificate workflow, each keeping the histories
+of older runs replaying, and the bounds its loops keep.
+
+A design bundles what the patches before it changed: a run follows the design
+its start (or the run before it) named, not markers. Two designs are supported,
+the current one and the one before (docs/changing-the-workflow.md, "Retiring an
+old design"); a run of an older one stops at its first workflow task with
+:class:`RetiredDesign`, never taking another path than its history's. The
+patches retired with designs 1 and 2 are listed in that page."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-# Patches (workflow.patched): each keeps the histories of older runs replaying.
-FOLLOW_MOVED_ROW_PATCH = "follow-moved-row"
-"""A failure that finds the row moved on re-reads the row instead of ending the workflow."""
-PLACE_ORDER_PATCH = "place-order"
-"""One place_order activity (create + persist) instead of create_order and
-persist_challenge, and the accept inside the first wait_for_order instead of
-accept_challenge: two round trips fewer per certificate."""
-RENEWAL_INFO_SWEEP_PATCH = "renewal-info-sweep"
-"""An ACTIVE certificate sleeps to its renewal time, spread per certificate (jitter
-without ARI; an ARI window that runs to notAfter cut to leave room for failures),
-its ARI window kept current by the renewal-info sweep's signal, instead of asking
-the CA itself on every re-check."""
-BOUNDED_HISTORY_PATCH = "bounded-history"
-"""A run whose history grew past HISTORY_EVENTS_BEFORE_NEW_RUN continues as new at
-the next turn of its loop, carrying what its waits need: a certificate waiting
-for years for DNS, a failure budget or a cooldown never reaches Temporal's limit."""
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from certflow.errors import CertflowError
+
 HISTORY_EVENTS_BEFORE_NEW_RUN = 500
-"""With one turn of the loop at most ~60 events, no run exceeds 1,000 events."""
-COOLDOWN_SPREAD_PATCH = "cooldown-spread"
-"""Waiting workflows resume spread out when a rate-limit cooldown ends, not all at once."""
-HTTP01_SELF_CHECK_PATCH = "http01-self-check"
-"""The persisted challenge is fetched as the CA would fetch it before it is accepted."""
-BOUNDED_COOLDOWN_WAIT_PATCH = "bounded-cooldown-wait"
-"""A cooldown wait that ``retry`` keeps cutting short goes back to the main loop (which
-continues as new) once the run is long, instead of waiting on in the same run."""
-BOUNDED_ORDER_POLL_PATCH = "bounded-order-poll"
-"""Polling an order the CA keeps pending continues as new past
-HISTORY_EVENTS_BEFORE_NEW_RUN events too, the open order on the row."""
-ARI_ONCE_PER_WINDOW_PATCH = "ari-once-per-window"
-"""A certificate an hour old or less whose ARI window is already open renews once; its
-replacement, given such a window again, waits for the sweep's next answer."""
+"""A run whose history grew past this continues as new at the next turn of its
+loop, carrying what its waits need: a certificate waiting for years for DNS, a
+failure budget, a cooldown or an order the CA keeps pending never reaches
+Temporal's limit. With one turn of the loop at most ~60 events, no run exceeds
+1,000 events."""
 AT_ONCE_AGE = timedelta(hours=1)
-"""A certificate this young whose ARI window is open renews at once."""
-NOT_READY_WEBHOOK_PATCH = "not-ready-webhook"
-"""A ``not_ready`` webhook when a hostname starts waiting for the customer (no
-validation method ready, ownership unproven) or waits for another reason than
-before: the product tells the customer what to add without polling ``status``.
-Branch in workflows/failures.py (``_record_failure``)."""
-GIVE_UP_PATCH = "give-up"
-"""A never-issued hostname with no validation method ready for PENDING_TIMEOUT_DAYS is
-CANCELED (ABANDONED); an expired one no longer routed to us (DEPARTED) stops
-re-checking DEPARTED_RETENTION_DAYS after it expired. Branches in
-workflows/failures.py (``_wait_after``) and workflows/renew.py (``_expire_if_lapsed``)."""
+"""A certificate this young whose ARI window is open renews at once; its
+replacement, given such a window again, waits for the sweep's next answer."""
 FEWER_ROUND_TRIPS_PATCH = "fewer-round-trips"
-"""Taken once, on a workflow's first run: its runs follow FEWER_ROUND_TRIPS_DESIGN
-(``RunState.design``, carried over continue-as-new in ``CertificateInput.design``):
-the Postgres steps and the DNS check run as local activities, the self-check and
-the order wait as one activity (``validate_order``), and every patch
-above counts as applied without its marker (``CertificateBase._patched``). About
-half the history events and workflow tasks of an issuance. Patches added after it
-call ``workflow.patched`` as before."""
+"""Taken by a first run of design 2 (retired): how a replay recognises one."""
 FEWER_ROUND_TRIPS_DESIGN = 2
-"""The design of runs started by code with FEWER_ROUND_TRIPS_PATCH (1: before it)."""
+"""Retired: the Postgres steps and the DNS check local, the self-check and the order
+wait one activity (``validate_order``), the patches before it applied without
+markers. Design 1 is everything before it."""
 ORDER_IN_ONE_STEP_DESIGN = 3
 """Runs whose start asks for it (``CertificateInput.design``: certflow's own starts,
 certflow.contract.CERTIFICATE_DESIGN; never a patch marker, so a worker is deployed
@@ -110,7 +84,7 @@ old design"): a run of an older one continues as new in it at its next durable w
 (MIGRATE_AT_WAIT_PATCH), or at once on the ``migrate`` signal."""
 MIGRATE_AT_WAIT_PATCH = "migrate-at-wait"
 """A run of a design older than CURRENT_DESIGN (started by a client that asked for
-an older one, or by a start that asked for none) continues as new in the current
+an older one) continues as new in the current
 design when it is about to start a wait the next run starts afresh from the row
 alone (the renewal wait, a DNS recheck, FAILED), instead of waiting; a run already
 in one (its wait started before this code) does so on the ``migrate`` signal
@@ -118,3 +92,41 @@ in one (its wait started before this code) does so on the ``migrate`` signal
 order's poll are waited out first: they would be cut short. Runs of the current
 design never reach the patch: no marker. Branches in workflows/base.py
 (``_migrate_at_wait``, ``_sleep``'s ``migrates``)."""
+OLDEST_SUPPORTED_DESIGN = ORDER_IN_ONE_STEP_DESIGN
+"""The oldest design this code replays: the one before CURRENT_DESIGN."""
+UNNAMED_START_PATCH = "unnamed-start-design-4"
+"""A first run whose start names no design (a product's own ``start_workflow``, the
+contract for other languages) follows UNNAMED_START_DESIGN; before this patch it
+followed design 2 (FEWER_ROUND_TRIPS_PATCH)."""
+UNNAMED_START_DESIGN = RUN_KEPT_AFTER_ISSUANCE_DESIGN
+"""Fixed, not CURRENT_DESIGN: a history replays the design its start took."""
+
+
+class RetiredDesign(CertflowError):
+    """A run of a design this code no longer replays: its workflow task fails (and
+    is retried) instead of the run taking another path than its history's."""
+
+    def __init__(self, design: int) -> None:
+        super().__init__(
+            f"this run follows design {design}, which this worker no longer replays"
+            f" (it replays designs {OLDEST_SUPPORTED_DESIGN} and {CURRENT_DESIGN}):"
+            " run the release before this one until `starter.py migrate-runs` has"
+            " brought every run to its current design, then this one"
+            ' (docs/changing-the-workflow.md, "Retiring an old design")'
+        )
+        self.design = design
+
+
+def design_of(named: int | None) -> int:
+    """The design a run follows: the one its start or the run before it named, else
+    the one a first run took by its patch markers. RetiredDesign when it is older
+    than OLDEST_SUPPORTED_DESIGN."""
+    design = named
+    if design is None:
+        if workflow.patched(UNNAMED_START_PATCH):
+            design = UNNAMED_START_DESIGN
+        else:
+            design = FEWER_ROUND_TRIPS_DESIGN if workflow.patched(FEWER_ROUND_TRIPS_PATCH) else 1
+    if design < OLDEST_SUPPORTED_DESIGN:
+        raise RetiredDesign(design)
+    return design

@@ -8,34 +8,21 @@ import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.acme import AcmeActivities
     from activities.records import RecordActivities
     from certflow.models import CertificateStatus, Phase
-    from certflow.activity_payloads import EnsureCertificateInput, RenewalAdvice
+    from certflow.activity_payloads import EnsureCertificateInput
     from certflow.errors import ErrorCode
     from workflows.policy import (
         NOT_READY_CODES,
         certificate_fraction,
-        renewal_time,
         spread_renewal_time,
     )
-    from workflows.steps import (
-        CA,
-        POSTGRES,
-        run,
-    )
+    from workflows.steps import POSTGRES, run
 
 from workflows.base import CertificateBase
-from workflows.patches import (
-    GIVE_UP_PATCH,
-    ARI_ONCE_PER_WINDOW_PATCH,
-    AT_ONCE_AGE,
-    HISTORY_EVENTS_BEFORE_NEW_RUN,
-    RENEWAL_INFO_SWEEP_PATCH,
-)
+from workflows.patches import AT_ONCE_AGE, HISTORY_EVENTS_BEFORE_NEW_RUN
 
 
 class Renewing(CertificateBase):
@@ -43,15 +30,9 @@ class Renewing(CertificateBase):
 
     async def _wait_for_renewal(self) -> bool:
         """Sleep until the renewal time, or renew/stop; True when it is time to renew
-        (False: the history grew long, the next run goes on waiting)."""
-        if self._state.after_issuance or self._patched(RENEWAL_INFO_SWEEP_PATCH):
-            return await self._sleep_until_renewal()
-        await self._ask_and_wait_for_renewal()
-        return True
-
-    async def _sleep_until_renewal(self) -> bool:
-        """One timer to the renewal time, spread per certificate; the CA's ARI window
-        comes from the row and from the renewal-info sweep's signal."""
+        (False: the history grew long, the next run goes on waiting). One timer to
+        the renewal time, spread per certificate; the CA's ARI window comes from the
+        row and from the renewal-info sweep's signal."""
         record = self._record
         assert record.not_before and record.expires_at
         fraction = certificate_fraction(record.hostname, record.not_before)
@@ -64,11 +45,7 @@ class Renewing(CertificateBase):
                 # sweep's answer after a hold says now: its replacement is held if the
                 # CA says the same again.
                 if window is not None and (self._young(now) or self._state.ari_hold_released):
-                    if (
-                        self._state.renewed_at_once
-                        and not self._state.ari_hold_released
-                        and self._patched(ARI_ONCE_PER_WINDOW_PATCH)
-                    ):
+                    if self._state.renewed_at_once and not self._state.ari_hold_released:
                         await self._hold_at_once_window(fraction)
                         continue
                     workflow.logger.info(
@@ -133,51 +110,6 @@ class Renewing(CertificateBase):
         await self._migrate_if_asked()
         self._state.ari_hold_released = True
 
-    async def _ask_and_wait_for_renewal(self) -> None:
-        """How runs from before RENEWAL_INFO_SWEEP_PATCH wait: asking the CA's ARI
-        themselves at the interval it gives."""
-        record = self._record
-        assert record.not_before and record.expires_at
-        fraction = workflow.random().random()
-        while self._state.stop is None and not self._state.renew_requested:
-            if workflow.info().is_continue_as_new_suggested():
-                break  # the next run starts this wait afresh with a short history
-            self._enter(Phase.ASKING_RENEWAL_INFO)
-            try:
-                advice = await run(CA, AcmeActivities.renewal_info, record.certificate_id)
-            except ActivityError:
-                # ARI is advice: without it the lifetime rule applies; ask again later.
-                advice = RenewalAdvice(recheck_after_seconds=3600)
-            window = None
-            if advice.window_start is not None and advice.window_end is not None:
-                window = (advice.window_start, advice.window_end)
-            renew_at = renewal_time(record.not_before, record.expires_at, window, fraction)
-            now = workflow.now()
-            if renew_at <= now:
-                break
-            wake = renew_at
-            if advice.recheck_after_seconds:
-                wake = min(wake, now + timedelta(seconds=advice.recheck_after_seconds))
-            self._enter(Phase.WAITING_FOR_RENEWAL)
-            self._state.next_attempt_at = renew_at
-            self._publish()
-            try:
-                await workflow.wait_condition(
-                    lambda: self._state.renew_requested or self._state.stop is not None,
-                    timeout=wake - now,
-                    timeout_summary=f"renewal at {renew_at:%Y-%m-%d %H:%M} UTC",
-                )
-            except asyncio.TimeoutError:
-                pass
-            self._state.next_attempt_at = None
-            if workflow.now() >= renew_at:
-                break
-        if workflow.info().is_continue_as_new_suggested() and not (
-            self._state.renew_requested or self._state.stop
-        ) and workflow.now() < record.expires_at:
-            await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(self._next_run_input())
-
     async def _begin_renewal(self) -> None:
         if self._state.after_issuance:
             # Months after the carried row and policy were read: read both again, so
@@ -189,9 +121,9 @@ class Renewing(CertificateBase):
         self._state.renew_requested = False
         self._enter(Phase.RENEWING)
         renewing = await self._postgres(RecordActivities.begin_renewal, record.certificate_id)
-        # Order-in-one-step design: RENEWING is shown only if the attempt waits or
-        # fails; a renewal the CA grants at once shows ACTIVE next (one upsert).
-        self._state.attributes_held = self._order_in_one_step
+        # RENEWING is shown only if the attempt waits or fails; a renewal the CA
+        # grants at once shows ACTIVE next (one upsert).
+        self._state.attributes_held = True
         self._set_written(
             renewing.row,
             record,
@@ -215,7 +147,7 @@ class Renewing(CertificateBase):
             expired = await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id)
             if expired.applied:
                 self._set_written(expired.row, record, status=CertificateStatus.EXPIRED)
-                if record.error_code in NOT_READY_CODES and self._patched(GIVE_UP_PATCH):
+                if record.error_code in NOT_READY_CODES:
                     # It expired while the hostname no longer routed to us: departed.
                     self._state.departed_at = workflow.now()
                     await self._give_up(

@@ -348,12 +348,11 @@ class Fakes:
             return EnsureCertificateResult(record=row.record(), policy=self.policy)
 
         @activity.defn(name="check_dns")
-        async def check_dns(input: CheckDnsInput) -> DnsVerdict | None:
+        async def check_dns(input: CheckDnsInput) -> DnsVerdict:
             result, _ = await self._enter("check_dns", input)
             if result is not DEFAULT:
                 return result  # type: ignore[no-any-return]
-            # What CAA allows: every configured issuer (None: no issuers configured).
-            return DnsVerdict(allowed_issuers=self.policy.issuers) if self.policy.issuers else None
+            return DnsVerdict(allowed_issuers=self.policy.issuers)  # what CAA allows: every one
 
         @activity.defn(name="check_http01")
         async def check_http01(input: Http01CheckInput) -> None:
@@ -745,6 +744,17 @@ class Run:
             else:
                 await self.env.sleep(advance)
         pytest.fail(f"workflow never reached {what}; last status: {state!r}; calls: {self.fakes.names()}")
+
+    async def until_workflow_task_failed(self, timeout: float = 60) -> str:
+        """Wait until a workflow task of the run failed; its failure's message."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            async for event in self.handle.fetch_history_events():
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    return event.workflow_task_failed_event_attributes.failure.message
+            await asyncio.sleep(0.05)
+        pytest.fail("no workflow task failed")
 
     async def until_calls(
         self,

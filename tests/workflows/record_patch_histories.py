@@ -80,7 +80,7 @@ def _write(name: str, history: object, events: int) -> None:
 
 async def _long_dns_wait(env: WorkflowEnvironment, name: str) -> None:
     """Wrong DNS long enough for a run to pass the bound and continue as new
-    (BOUNDED_HISTORY_PATCH): both runs, the first ending in continue-as-new."""
+    (bounded history): both runs, the first ending in continue-as-new."""
     policy = FAST_POLICY.model_copy(
         update={"dns_recheck_initial_seconds": 3600, "dns_recheck_max_seconds": 3600}
     )
@@ -88,10 +88,7 @@ async def _long_dns_wait(env: WorkflowEnvironment, name: str) -> None:
     async with started(env, fakes) as run:
         await run.until_active(advance=timedelta(hours=6), timeout=180)
         await run.cancel()
-        first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
-        for n, handle in enumerate((first, run.handle), 1):
-            history = await handle.fetch_history()
-            _write(f"{name}-{n}", history, len(history.events))
+        await _write_runs(env, run, name)
 
 
 async def _failed_then_retried(env: WorkflowEnvironment, name: str) -> None:
@@ -103,10 +100,7 @@ async def _failed_then_retried(env: WorkflowEnvironment, name: str) -> None:
         await run.handle.signal("retry")
         await run.until_active()
         await run.cancel()
-        first = env.client.get_workflow_handle(run.handle.id, run_id=run.handle.first_execution_run_id)
-        for n, handle in enumerate((first, run.handle), 1):
-            history = await handle.fetch_history()
-            _write(f"{name}-{n}", history, len(history.events))
+        await _write_runs(env, run, name)
 
 
 async def _issuer_fallback(env: WorkflowEnvironment, name: str) -> None:

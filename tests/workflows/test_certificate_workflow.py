@@ -13,7 +13,6 @@ from datetime import timedelta
 import pytest
 
 from workflows.patches import (
-    FEWER_ROUND_TRIPS_DESIGN,
     ORDER_IN_ONE_STEP_DESIGN,
     RUN_KEPT_AFTER_ISSUANCE_DESIGN,
 )
@@ -424,7 +423,7 @@ async def test_an_unexpected_exception_counts_as_one_temporary_failure_after_ret
     async def broken(index: int, _: object) -> object:
         if index < 4:
             raise RuntimeError("resolver exploded")
-        return None
+        return DEFAULT
 
     fakes = Fakes(workflow_env, behaviours={"check_dns": broken})
     async with started(workflow_env, fakes) as run:
@@ -542,36 +541,11 @@ def order_persisted_then_lost(fakes: Fakes, tries: int = 4) -> Callable[[int, ob
     return behaviour
 
 
-async def test_a_lost_place_order_leaves_no_order_the_next_attempt_trips_on(
-    workflow_env: WorkflowEnvironment,
-) -> None:
-    """A place_order attempt lost to a dead worker after its order was committed to the
-    row: the attempt is not charged, and the order the workflow never heard of is
-    cleared with it, so the next attempt opens one new order and issues. Chaos met
-    this with the first LOST_WORKER_PATCH version, which kept the row's order: the
-    row went PENDING holding it, the next place_order's order was refused as "the
-    certificate row moved on" (charged), and a third order followed.
-
-    Shown red: with ``decide_outcome`` keeping the order of an uncharged attempt
-    (``keep_order=True``, the first version), the second attempt failed with "the
-    certificate row moved on" and the outcomes gained an ACME_INVALID_ORDER charge.
-    """
-    fakes = Fakes(workflow_env)
-    fakes.behaviours["place_order"] = order_persisted_then_lost(fakes)
-    async with started(workflow_env, fakes, design=FEWER_ROUND_TRIPS_DESIGN) as run:
-        await run.until_active(advance=10)
-        assert [as_tuple(o) for o in fakes.outcomes()] == [
-            (PENDING, 0, False, ErrorCode.ACME_TEMPORARY)
-        ]
-        assert fakes.orders_created == 2
-        assert {c.arg.order_url for c in fakes.of("finalize_and_store")} == {order(2).order_url}
-        await run.cancel()
-
-
 async def test_a_lost_order_and_validate_keeps_the_order_it_placed(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    """The same loss in order_and_validate (ORDER_IN_ONE_STEP_DESIGN): the workflow
+    """An order_and_validate lost to a dead worker after its order was committed to
+    the row (``order_persisted_then_lost``): the workflow
     reads the row again when the activity fails, so it knows of the order the
     activity placed; the attempt is not charged, the order is kept, and the next
     attempt validates it: one order in all, no PENDING row holding one.

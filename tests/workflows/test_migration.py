@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from certflow.models import Phase
-from workflows.patches import CURRENT_DESIGN, FEWER_ROUND_TRIPS_DESIGN, ORDER_IN_ONE_STEP_DESIGN
+from workflows.patches import CURRENT_DESIGN, OLDEST_SUPPORTED_DESIGN
 
 from .fakes import Fakes, Run, dns_cname_error, fail_first, gap, started
 
@@ -34,21 +34,19 @@ async def _runs(run: Run) -> list[dict[str, Any]]:
 async def test_an_older_design_continues_as_new_in_the_current_one_at_its_first_wait(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    """A run started on the oldest supported design, or with the design a start
-    without one gets, reaches the current design at its first wait that a next run
-    starts afresh (a DNS recheck here) and issues there; it takes no virtual time.
-    Red without ``migrates=True`` on the recheck's ``_sleep`` (the run stays on its
-    design: one run, until its next issuance)."""
-    for design in (ORDER_IN_ONE_STEP_DESIGN, FEWER_ROUND_TRIPS_DESIGN):
-        fakes = Fakes(workflow_env)
-        fakes.behaviours["check_dns"] = fail_first(1, dns_cname_error)
-        async with started(workflow_env, fakes, design=design) as run:
-            before = await workflow_env.get_current_time()
-            await run.until_active()
-            runs = await _runs(run)
-            assert [r.get("design") for r in runs] == [design, CURRENT_DESIGN], runs
-            assert (await workflow_env.get_current_time() - before).total_seconds() < 60
-            await run.cancel()
+    """A run started on the oldest supported design reaches the current design at
+    its first wait that a next run starts afresh (a DNS recheck here) and issues
+    there; it takes no virtual time. Red without ``migrates=True`` on the recheck's
+    ``_sleep`` (the run stays on its design: one run, until its next issuance)."""
+    fakes = Fakes(workflow_env)
+    fakes.behaviours["check_dns"] = fail_first(1, dns_cname_error)
+    async with started(workflow_env, fakes, design=OLDEST_SUPPORTED_DESIGN) as run:
+        before = await workflow_env.get_current_time()
+        await run.until_active()
+        runs = await _runs(run)
+        assert [r.get("design") for r in runs] == [OLDEST_SUPPORTED_DESIGN, CURRENT_DESIGN], runs
+        assert (await workflow_env.get_current_time() - before).total_seconds() < 60
+        await run.cancel()
 
 
 async def test_a_rate_limit_is_waited_out_before_the_migration(
@@ -60,7 +58,7 @@ async def test_a_rate_limit_is_waited_out_before_the_migration(
     again at once, ten minutes early)."""
     fakes = Fakes(workflow_env)
     fakes.behaviours["place_order"] = fakes.rate_limited(1, 600)
-    async with started(workflow_env, fakes, design=ORDER_IN_ONE_STEP_DESIGN) as run:
+    async with started(workflow_env, fakes, design=OLDEST_SUPPORTED_DESIGN) as run:
         await run.until(lambda s: s.phase is Phase.WAITING_FOR_RATE_LIMIT, "the rate-limit wait")
         await run.signal("migrate")
         await workflow_env.sleep(300)

@@ -1,16 +1,25 @@
-"""Every checked-in history of the Certificate workflow replays on today's code.
+"""Every checked-in history of a supported design replays on today's code, and a
+history of a retired one stops with the reason.
 
-The histories (tests/workflows/histories, recorded by record_histories.py on
-real servers) cover the happy path, a DNS wait, failures then FAILED then
-retry, and a renewal, each run of each; later labels add an unreachable edge,
-a rate limit and an ARI renewal. Those of record_patch_histories.py
-show each patched path before and after its patch. A change to the workflow that would
-make an old history take another path fails here: guard it with
-``workflow.patched()`` so running certificates keep their course.
+The histories (tests/workflows/histories) are of the designs this code supports
+(workflows/patches.py, OLDEST_SUPPORTED_DESIGN to CURRENT_DESIGN): the scenarios
+recorded on real servers by record_histories.py (the labels ``one-step`` and
+``kept-run``), and the paths no real server produces on demand, recorded with
+the fakes by record_patch_histories.py, on each side of the patches newer than
+the oldest supported design. A change to the workflow that would make one of
+them take another path fails here: guard it with ``workflow.patched()`` so
+running certificates keep their course.
+
+``histories/retired`` holds those of the retired designs (1 and 2): each must
+stop at its first workflow task with RetiredDesign's message, not with a
+nondeterminism error deep in the run (docs/changing-the-workflow.md, "Retiring
+an old design").
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -19,97 +28,91 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from workflows.certificate import CertificateWorkflow
+from workflows.patches import CURRENT_DESIGN, OLDEST_SUPPORTED_DESIGN, UNNAMED_START_PATCH
 
-HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+HERE = Path(__file__).parent / "histories"
+HISTORIES = sorted(HERE.glob("*.json"))
+RETIRED = sorted((HERE / "retired").glob("*.json"))
+
+
+def _history(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(f"certificate:{path.stem}", path.read_text())
 
 
 def test_the_scenarios_are_all_there() -> None:
     names = {path.stem.rsplit("-", 1)[0] for path in HISTORIES}
-    assert names == {
-        "happy-path",
-        "dns-wait",
-        "failure-and-retry",
-        "renewal",
-        # FOLLOW_MOVED_ROW_PATCH: recorded before it (the run ended) and after it.
-        "row-moved-on-unpatched",
+    scenarios = {"happy-path", "dns-wait", "renewal", "edge-unreachable", "rate-limited", "ari-renewal"}
+    with_the_fakes = {
+        # finalize_and_store stored the certificate but its answer was lost.
         "row-moved-on",
-        # PLACE_ORDER_PATCH: the four scenarios again, after it (the ones above are before).
-        "happy-path-place-order",
-        "dns-wait-place-order",
-        "failure-and-retry-place-order",
-        "renewal-place-order",
-        # HTTP01_SELF_CHECK_PATCH, COOLDOWN_SPREAD_PATCH, RENEWAL_INFO_SWEEP_PATCH and
-        # BOUNDED_HISTORY_PATCH: the scenarios after them, on real servers…
-        "happy-path-sweep",
-        "dns-wait-sweep",
-        "renewal-sweep",
-        "edge-unreachable-sweep",
-        "rate-limited-sweep",
-        "ari-renewal-sweep",
-        # …and with the fakes: a run that continued as new while waiting; FAILED.
-        "long-dns-wait-sweep",
-        "failed-then-retried-sweep",
-        # The run after an issuance starts from the carried row (no read) and sleeps
-        # to the ARI window finalize_and_store asked for.
-        "happy-path-carried",
-        "dns-wait-carried",
-        "renewal-carried",
-        "edge-unreachable-carried",
-        "rate-limited-carried",
-        "ari-renewal-carried",
-        # Two issuers (with the fakes): a long cooldown at the first, issued by the
-        # second, renewed there.
+        # Two issuers: a long cooldown at the first, issued by the second, renewed there.
         "issuer-fallback",
-        # FEWER_ROUND_TRIPS_PATCH: the row read and the DNS check local, the
-        # self-check inside validate_order, no marker for the patches before it.
-        "happy-path-fewer",
-        "dns-wait-fewer",
-        "renewal-fewer",
-        "edge-unreachable-fewer",
-        "rate-limited-fewer",
-        "ari-renewal-fewer",
-        # RENEW_NEXT_RUN_PATCH (with the fakes): a transfer and a renew signal that
-        # reach the run handing over after an issuance, before the patch (renewed at
-        # the renewal time) and after it (renewed by the next run at once).
-        "handing-over-renew-next-run-unpatched",
+        # A transfer and a renew signal reaching the run that hands over after an
+        # issuance; two failed attempts then one whose worker was lost. Each also
+        # without its patch's marker (RENEW_NEXT_RUN_PATCH, LOST_WORKER_PATCH).
         "handing-over-renew-next-run",
-        # LOST_WORKER_PATCH (with the fakes): two failed attempts, then one whose
-        # worker was lost: before the patch FAILED (and retried), after it issued.
-        "budget-lost-worker-unpatched",
         "budget-lost-worker",
-        # The transitions return their row (no patch: their results carry it, and
-        # those recorded before decode without it): the scenarios on real servers.
-        "happy-path-rows",
-        "dns-wait-rows",
-        "renewal-rows",
-        "edge-unreachable-rows",
-        "rate-limited-rows",
-        "ari-renewal-rows",
-        # ORDER_IN_ONE_STEP_DESIGN (asked for by the start, no marker): the order
-        # placed and validated in one activity, the row read again when it fails;
-        # the start's search attributes taken as shown.
-        "happy-path-one-step",
-        "dns-wait-one-step",
-        "renewal-one-step",
-        "edge-unreachable-one-step",
-        "rate-limited-one-step",
-        "ari-renewal-one-step",
-        # RUN_KEPT_AFTER_ISSUANCE_DESIGN (asked for by the start): the run that
-        # issued goes on to wait for the renewal, and renews, itself; the request's
-        # row taken as read by the first step.
-        "happy-path-kept-run",
-        "dns-wait-kept-run",
-        "renewal-kept-run",
-        "edge-unreachable-kept-run",
-        "rate-limited-kept-run",
-        "ari-renewal-kept-run",
+        # A run that continued as new while waiting for DNS; FAILED, then retried.
+        "long-dns-wait",
+        "failed-then-retried",
+        # A run of the oldest supported design continuing as new in the current one.
+        "migrate-at-wait",
     }
+    assert names == (
+        {f"{s}-one-step" for s in scenarios}
+        | {f"{s}-kept-run" for s in scenarios | with_the_fakes}
+        | {"handing-over-renew-next-run-kept-run-unpatched", "budget-lost-worker-kept-run-unpatched"}
+        | {"start-in-design"}
+    )
+
+
+def _design(path: Path) -> int | None:
+    """The design a history's start names (None: taken by a patch marker)."""
+    started = json.loads(path.read_text())["events"][0]["workflowExecutionStartedEventAttributes"]
+    design: int | None = json.loads(base64.b64decode(started["input"]["payloads"][0]["data"])).get("design")
+    return design
+
+
+def test_the_histories_are_sorted_by_design() -> None:
+    """A history of a retired design belongs in histories/retired; a start that
+    names none is of a supported design only with UNNAMED_START_PATCH's marker.
+    Red with a retired history moved back beside the others."""
+    for path in HISTORIES:
+        design = _design(path)
+        if design is None:
+            assert UNNAMED_START_PATCH in _patch_markers(path), path.name
+        else:
+            assert OLDEST_SUPPORTED_DESIGN <= design <= CURRENT_DESIGN, path.name
+    for path in RETIRED:
+        design = _design(path)
+        assert design is None or design < OLDEST_SUPPORTED_DESIGN, path.name
+
+
+def _patch_markers(path: Path) -> list[str]:
+    """The patches whose markers the history holds."""
+    patches = []
+    for event in json.loads(path.read_text())["events"]:
+        marker = event.get("markerRecordedEventAttributes")
+        if marker and marker["markerName"] == "core_patch":
+            data = marker["details"]["patch-data"]["payloads"][0]["data"]
+            patches.append(json.loads(base64.b64decode(data))["id"])
+    return patches
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path) -> None:
-    history = WorkflowHistory.from_json(f"certificate:{path.stem}", path.read_text())
+    history = _history(path)
     replayer = Replayer(workflows=[CertificateWorkflow], data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
     assert len(history.events) > 10
+
+
+@pytest.mark.parametrize("path", RETIRED, ids=[p.stem for p in RETIRED])
+async def test_a_retired_design_stops_with_the_reason(path: Path) -> None:
+    """Red when ``design_of`` lets a retired design run: the history then fails on
+    a nondeterminism error somewhere in its run, or replays on paths that are gone."""
+    replayer = Replayer(workflows=[CertificateWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
+    failure = str(result.replay_failure)
+    assert 'type: "RetiredDesign"' in failure and "which this worker no longer replays" in failure, failure

@@ -1,15 +1,8 @@
 """What one issuance costs in Temporal (issue 25): the workflow tasks, activity
 tasks, patch markers and search-attribute upserts of the run that issues, on the
-order-in-one-step design certflow starts (ORDER_IN_ONE_STEP_DESIGN), on the
-fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH) that runs started without a
-design take, and on the design before it, which runs started by older code keep
-(CertificateInput.design 1).
-
-Red when the design is ignored (``CertificateBase._fewer_round_trips`` returning
-False): the default run then schedules the six activities and seven workflow
-tasks of design 1 and records every patch marker; with
-``CertificateBase._order_in_one_step`` returning False, design 3's run schedules
-place_order and validate_order apart, in four workflow tasks.
+design certflow starts (CERTIFICATE_DESIGN) and on the one a start naming no
+design takes by one marker (UNNAMED_START_PATCH); a start of a retired design
+fails its workflow task with the reason, and nothing runs.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from certflow.workflow_payloads import CertificateInput
 from certflow.contract import CERTIFICATE_DESIGN
-from workflows.patches import FEWER_ROUND_TRIPS_PATCH
+from workflows.patches import FEWER_ROUND_TRIPS_DESIGN, UNNAMED_START_PATCH
 
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus
@@ -73,51 +66,35 @@ async def test_an_issuance_takes_two_activity_tasks_and_three_workflow_tasks(
     assert _patches(history) == []
 
 
-async def test_runs_started_without_a_design_take_the_fewer_round_trips_one(
+async def test_a_start_without_a_design_takes_design_4_by_one_marker(
     workflow_env: WorkflowEnvironment,
 ) -> None:
+    """A product's own ``start_workflow`` names no design: the first run takes
+    UNNAMED_START_DESIGN by one patch marker and costs what certflow's starts cost.
+    Red when ``design_of`` keeps the fewer-round-trips patch for such a start (it
+    was so before: the run is then of design 2 and fails as retired)."""
     history, fakes = await _first_run(workflow_env, design=None)
 
-    # The row read and the DNS check ran (as local activities: markers, no tasks).
     assert fakes.names()[:2] == ["ensure_certificate", "check_dns"]
-    assert _activities(history) == ["place_order", "validate_order", "finalize_and_store"]
-    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 4
-    # One patch marker, the design's; none of the patches it includes.
-    assert len(_patches(history)) == 1 and FEWER_ROUND_TRIPS_PATCH in _patches(history)[0]
+    assert _activities(history) == ["order_and_validate", "finalize_and_store"]
+    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 3
+    assert len(_patches(history)) == 1 and UNNAMED_START_PATCH in _patches(history)[0]
 
 
-async def test_the_next_run_carries_the_design_without_a_marker(
+async def test_a_start_of_a_retired_design_fails_its_task_with_the_reason(
     workflow_env: WorkflowEnvironment,
 ) -> None:
-    """A run started without a design takes it by a patch marker; the run it
-    continues as new records none and follows the newest design this code knows."""
+    """A run of a design this code no longer replays (here a start naming design 2)
+    fails its first workflow task with RetiredDesign's message, and runs nothing:
+    Temporal retries the task until a worker that knows the design takes it. Red
+    with the check in ``design_of`` removed (the run issues on today's code)."""
     fakes = Fakes(workflow_env)
-    async with started(workflow_env, fakes, design=None) as run:
-        await run.until_active()
-        await run.handle.signal("renew")
-        await run.until_calls("finalize_and_store", 2)
-        await run.until_active()
-        first = await workflow_env.client.get_workflow_handle(
-            run.handle.id, run_id=run.handle.first_execution_run_id
-        ).fetch_history()
-        last = first.events[-1]
-        assert last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
-        # The run that renewed (the second) records no patch marker at all.
-        second = await workflow_env.client.get_workflow_handle(
-            run.handle.id,
-            run_id=last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id,
-        ).fetch_history()
-    assert "order_and_validate" in _activities(second)
-    assert _patches(second) == []
-
-
-async def test_runs_of_the_design_before_keep_their_course(workflow_env: WorkflowEnvironment) -> None:
-    history, _ = await _first_run(workflow_env, CertificateInput(hostname=HOSTNAME, design=1))
-
-    assert _activities(history) == [
-        "ensure_certificate", "check_dns", "place_order", "check_http01", "wait_for_order", "finalize_and_store",
-    ]
-    assert _count(history, EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED) == 7
+    input = CertificateInput(hostname=HOSTNAME, design=FEWER_ROUND_TRIPS_DESIGN)
+    async with started(workflow_env, fakes, input) as run:
+        failure = await run.until_workflow_task_failed()
+        assert "design 2, which this worker no longer replays" in failure
+        assert "migrate-runs" in failure
+    assert fakes.names() == []
 
 
 async def test_a_row_read_that_fails_locally_is_run_again_as_an_activity(
