@@ -178,11 +178,13 @@ class Phase(StrEnum):
     STARTING = "starting"
     CHECKING_DNS = "checking DNS"
     CHECKING_HTTP01 = "checking the challenge is reachable"
+    """Shown by the retired designs 1 and 2 only, as are CREATING_ORDER,
+    ACCEPTING_CHALLENGE and ASKING_RENEWAL_INFO: kept while a worker of the release
+    before may still answer a status query (docs/changing-the-workflow.md)."""
     PUBLISHING_DNS01 = "publishing the dns-01 TXT in our zone"
     CREATING_ORDER = "creating order"
     ORDERING = "creating the order and validating its challenge"
-    """Runs of the order-in-one-step design: the order placed, self-checked, accepted
-    and polled in one activity."""
+    """The order placed, self-checked, accepted and polled in one activity."""
     ACCEPTING_CHALLENGE = "accepting challenge"
     POLLING_ORDER = "polling order"
     ORDER_PENDING = "order pending; polling again"
