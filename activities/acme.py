@@ -74,12 +74,12 @@ class AcmeActivities:
         try:
             orders = self._issuers.at(attempt.order_issuer)
             renews_here = attempt.has_certificate and (
-                self._issuers.at(attempt.certificate_issuer).name == orders.name
+                self._issuers.at(attempt.certificate_issuer).ca.name == orders.ca.name
             )
         except AcmeProblemError as err:
             raise to_application_error(err) from None
         kind = OrderKind.RENEWAL if renews_here else OrderKind.NEW
-        return await orders.cooldown_left(hostname, kind)
+        return await orders.ca.cooldown_left(hostname, kind)
 
     @activity.defn(name="create_order")
     async def create_order(self, input: CreateOrderInput) -> OpenedOrder:
@@ -88,7 +88,7 @@ class AcmeActivities:
         cooldown that applies to it holds."""
         return await self._step(
             "create_order",
-            lambda: self._issuers.on(None, lambda orders: orders.new_order(input.hostname)),
+            lambda: self._issuers.on(None, lambda orders: orders.new_orders.new_order(input.hostname)),
             span_attributes={"certificate.hostname": input.hostname},
         )
 
@@ -104,7 +104,7 @@ class AcmeActivities:
         """
         return await self._step(
             "create_order",  # the original dashboard's phase label for this step
-            lambda: self._issuers.on(input.issuer, lambda orders: orders.place(input)),
+            lambda: self._issuers.on(input.issuer, lambda orders: orders.new_orders.place(input)),
             span_attributes={"certificate.hostname": input.hostname, "acme.issuer": input.issuer},
         )
 
@@ -113,7 +113,7 @@ class AcmeActivities:
         """Ask the CA to validate. A challenge already validating or valid is success."""
         await self._step(
             "accept_challenge",
-            lambda: self._issuers.on(input.issuer, lambda orders: orders.accept(input.challenge_url)),
+            lambda: self._issuers.on(input.issuer, lambda orders: orders.validation.accept(input.challenge_url)),
         )
 
     @activity.defn(name="wait_for_order")
@@ -123,7 +123,7 @@ class AcmeActivities:
         challenge first. An invalid order is ACME_INVALID_ORDER."""
         return await self._step(
             "poll_order",
-            lambda: self._issuers.on(input.issuer, lambda orders: orders.follow(input)),
+            lambda: self._issuers.on(input.issuer, lambda orders: orders.validation.follow(input)),
             lambda progress: "ok" if progress.status in ISSUABLE else "not_ready",
             span_attributes={"acme.order_url": input.order_url},
         )
@@ -134,7 +134,7 @@ class AcmeActivities:
         check it matches the key, and make it the current certificate."""
         return await self._step(
             "issue_cert",  # the original dashboard's phase label for this step
-            lambda: self._issuers.on(input.issuer, lambda orders: orders.finalize(input)),
+            lambda: self._issuers.on(input.issuer, lambda orders: orders.finalization.finalize(input)),
             span_attributes={
                 "certificate.id": input.certificate_id,
                 "certificate.hostname": input.hostname,
@@ -150,7 +150,7 @@ class AcmeActivities:
         issuer = await attempts.certificate_issuer(self._pool, certificate_id)
         try:
             orders = self._issuers.at(issuer)
-            await orders.ready()
+            await orders.ca.ready()
         except AcmeProblemError:
             return RenewalAdvice(recheck_after_seconds=3600)  # ask again later
         return await orders.renewal_advice(certificate_id)
@@ -160,7 +160,7 @@ class AcmeActivities:
         """Deactivate the order's authorizations still pending or valid (best effort)."""
         try:
             orders = self._issuers.serving(order_url)
-            await orders.ready()
+            await orders.ca.ready()
             await orders.deactivate(order_url)
         except ProvisioningError as err:
             raise to_application_error(err) from None
@@ -171,7 +171,7 @@ class AcmeActivities:
         is success)."""
         try:
             orders = self._issuers.at(await attempts.certificate_issuer(self._pool, certificate_id))
-            await orders.ready()
+            await orders.ca.ready()
             await orders.revoke(certificate_id)
         except ProvisioningError as err:
             raise to_application_error(err) from None

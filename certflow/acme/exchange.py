@@ -2,8 +2,8 @@
 and client pool, blocking ``acme`` exchanges run on a thread, the CA's failures
 typed, and its rate limits recorded as cooldowns of their scope.
 
-The steps themselves subclass it: ``new_order``, ``validation``, ``finalize``;
-``orders.IssuerOrders`` puts them together.
+Each step holds it as ``self._ca``: ``new_order``, ``validation``, ``finalize``;
+``orders.IssuerOrders`` holds one of each.
 """
 
 from __future__ import annotations
@@ -70,40 +70,40 @@ class IssuerExchange:
         polls: PollPacer,
         managed_base_domain: str | None = None,
     ) -> None:
-        self._clients = clients
-        self._pool = pool
-        self._key = encryption_key
-        self._key_type = key_type
-        self._executor = executor
-        self._profile = clients.issuer.profile
-        self._metrics = metrics
-        self._pacing = pacing
-        self._polls = polls
+        self.clients = clients
+        self.pool = pool
+        self.key = encryption_key
+        self.key_type = key_type
+        self.executor = executor
+        self.profile = clients.issuer.profile
+        self.metrics = metrics
+        self.pacing = pacing
+        self.polls = polls
         # For the rows its steps return: whether a row skips the DNS checks.
-        self._managed_base_domain = managed_base_domain
+        self.managed_base_domain = managed_base_domain
 
     @property
     def name(self) -> str:
-        return self._clients.issuer.name
+        return self.clients.issuer.name
 
     @property
-    def _directory_url(self) -> str:
-        return self._clients.issuer.directory_url
+    def directory_url(self) -> str:
+        return self.clients.issuer.directory_url
 
     @property
     def order_origin(self) -> tuple[str, str] | None:
         """Where this CA's orders live (scheme, host:port of its newOrder URL);
         None until its account is registered."""
-        if self._clients.account_url is None:
+        if self.clients.account_url is None:
             return None
-        split = urllib.parse.urlsplit(str(self._clients.account.directory_json.get("newOrder", "")))
+        split = urllib.parse.urlsplit(str(self.clients.account.directory_json.get("newOrder", "")))
         return (split.scheme, split.netloc)
 
     async def ready(self) -> None:
         """Its account registered (a CA that did not answer at start-up is asked now)."""
-        await self._clients.ready()
+        await self.clients.ready()
 
-    async def _call(
+    async def call(
         self,
         fn: Callable[[acme_client.ClientV2], T],
         *,
@@ -117,22 +117,22 @@ class IssuerExchange:
         alone — it sets no cooldown for new orders."""
 
         def run() -> T:
-            with self._clients.borrow() as client:
+            with self.clients.borrow() as client:
                 return fn(client)
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, run)
         except ProvisioningError:
             raise
         except Exception as exc:
-            raise await self._typed(classify_acme_failure(exc), hostname, poll) from None
+            raise await self.typed(classify_acme_failure(exc), hostname, poll) from None
 
-    async def _typed(
+    async def typed(
         self, err: AcmeProblemError, hostname: str | None = None, poll: bool = False
     ) -> AcmeProblemError:
         """Count the CA error; cap an absurd Retry-After; record a rate limit as the
         cooldown of the scope the CA's limit applies to (docs/rate-limits.md)."""
-        self._metrics.acme_error(err.problem_type)
+        self.metrics.acme_error(err.problem_type)
         if err.code is not ErrorCode.ACME_RATE_LIMITED:
             return err
         seconds = err.retry_after_seconds
@@ -155,8 +155,8 @@ class IssuerExchange:
             return err  # no key for the scope: the order waits, nothing else is held
         if seconds > 0:
             until = await cooldowns.extend_cooldown(
-                self._pool,
-                self._directory_url,
+                self.pool,
+                self.directory_url,
                 scope,
                 _scope_key(scope, hostname or ""),
                 err.limit_name or UNKNOWN_LIMIT,
@@ -165,31 +165,31 @@ class IssuerExchange:
                 err.detail,
             )
             err.retry_after_seconds = max(0.0, until.timestamp() - time.time())
-            self._metrics.cooldown(until)
+            self.metrics.cooldown(until)
         return err
 
-    def _post_as_get(self, client: acme_client.ClientV2, url: str) -> _Fetched:
-        response = client.net.post(url, None, new_nonce_url=self._clients.new_nonce_url)
+    def post_as_get(self, client: acme_client.ClientV2, url: str) -> _Fetched:
+        response = client.net.post(url, None, new_nonce_url=self.clients.new_nonce_url)
         return _Fetched(response.json(), parse_retry_after(response.headers.get("Retry-After")))
 
     async def cooldown_left(self, hostname: str, kind: OrderKind) -> float:
         """Seconds left of this issuer's rate-limit cooldowns that hold back an order
         of this kind for hostname (0 when none)."""
-        held = cooldowns.longest(await self._cooldowns_for(hostname, kind))
+        held = cooldowns.longest(await self.cooldowns_for(hostname, kind))
         return max(0.0, held.until.timestamp() - time.time()) if held else 0.0
 
-    async def _cooldowns_for(self, hostname: str, kind: OrderKind) -> list[Cooldown]:
+    async def cooldowns_for(self, hostname: str, kind: OrderKind) -> list[Cooldown]:
         return await cooldowns.applicable_cooldowns(
-            self._pool, self._directory_url, hostname, registered_domain(hostname), kind
+            self.pool, self.directory_url, hostname, registered_domain(hostname), kind
         )
 
-    async def _invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
+    async def invalid_order(self, order: dict[str, Any]) -> AcmeProblemError:
         """Explain an invalid order with the failed challenge's problem, when there is one."""
         problem: dict[str, Any] = dict(order.get("error") or {})
         authz_urls = list(order.get("authorizations") or [])
         if authz_urls and not problem:
             try:
-                authz = await self._call(lambda client: self._post_as_get(client, authz_urls[0]))
+                authz = await self.call(lambda client: self.post_as_get(client, authz_urls[0]))
                 for chall in authz.body.get("challenges", []):
                     if chall.get("error"):
                         problem = dict(chall["error"])
@@ -198,8 +198,8 @@ class IssuerExchange:
                 pass
         return challenge_failure(problem, "the order became invalid")
 
-    async def _poll(self, url: str) -> _Fetched:
+    async def poll(self, url: str) -> _Fetched:
         """POST-as-GET an order (or authorization), paced with every other poll of
         this worker."""
-        await self._polls.acquire()
-        return await self._call(lambda client: self._post_as_get(client, url), poll=True)
+        await self.polls.acquire()
+        return await self.call(lambda client: self.post_as_get(client, url), poll=True)

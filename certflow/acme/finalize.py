@@ -76,8 +76,11 @@ def issued_url(order: dict[str, Any] | None) -> str | None:
     return None
 
 
-class OrderFinalization(IssuerExchange):
+class OrderFinalization:
     """finalize_and_store at one CA."""
+
+    def __init__(self, ca: IssuerExchange) -> None:
+        self._ca = ca
 
     # -- finalize_and_store --------------------------------------------------
 
@@ -88,25 +91,25 @@ class OrderFinalization(IssuerExchange):
         earlier = None
         if activity.info().attempt > 1:
             earlier = await issued.finalization(
-                self._pool, input.certificate_id, input.order_url, self._managed_base_domain
+                self._ca.pool, input.certificate_id, input.order_url, self._ca.managed_base_domain
             )
             if earlier.stored is not None:  # an earlier attempt committed
                 return _stored(earlier.stored)
-        order = (await self._call(lambda client: self._post_as_get(client, input.order_url))).body
+        order = (await self._ca.call(lambda client: self._ca.post_as_get(client, input.order_url))).body
         status = order.get("status")
         if status == AcmeStatus.READY:
             if earlier is None or earlier.pending_key is None:
-                key = generate_private_key(self._key_type)
+                key = generate_private_key(self._ca.key_type)
                 if not await issued.store_pending_key(
-                    self._pool,
+                    self._ca.pool,
                     input.certificate_id,
                     input.order_url,
-                    self._key.encrypt(private_key_to_pem(key)),
+                    self._ca.key.encrypt(private_key_to_pem(key)),
                 ):
                     # A key is bound already (an earlier activity's, which stopped
                     # before finalize), or the row moved on: read which.
                     earlier = await issued.finalization(
-                        self._pool, input.certificate_id, input.order_url, self._managed_base_domain
+                        self._ca.pool, input.certificate_id, input.order_url, self._ca.managed_base_domain
                     )
                     if earlier.pending_key is None:
                         raise AcmeProblemError(
@@ -118,12 +121,12 @@ class OrderFinalization(IssuerExchange):
                 key = self._decrypt_key(earlier.pending_key)
             csr = make_csr(key, input.hostname)
             finalize_url = str(order["finalize"])
-            answered = await self._call(lambda client: self._begin_finalize(client, finalize_url, csr))
+            answered = await self._ca.call(lambda client: self._begin_finalize(client, finalize_url, csr))
             order = answered or order  # the order as the CA now has it
         elif status in (AcmeStatus.PROCESSING, AcmeStatus.VALID):
             if earlier is None:
                 earlier = await issued.finalization(
-                    self._pool, input.certificate_id, input.order_url, self._managed_base_domain
+                    self._ca.pool, input.certificate_id, input.order_url, self._ca.managed_base_domain
                 )
                 if earlier.stored is not None:  # an earlier activity stored it
                     return _stored(earlier.stored)
@@ -136,7 +139,7 @@ class OrderFinalization(IssuerExchange):
                 )
             key = self._decrypt_key(encrypted)
         elif status == AcmeStatus.INVALID:
-            raise await self._invalid_order(order)
+            raise await self._ca.invalid_order(order)
         else:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
@@ -148,7 +151,7 @@ class OrderFinalization(IssuerExchange):
         certificate_url = issued_url(order) or await self._wait_until_issued(
             input.order_url, started
         )
-        fullchain = await self._call(lambda client: self._download(client, certificate_url))
+        fullchain = await self._ca.call(lambda client: self._download(client, certificate_url))
         leaf, chain = split_fullchain(fullchain)
         if not public_key_matches(leaf, key):
             raise AcmeProblemError(
@@ -158,7 +161,7 @@ class OrderFinalization(IssuerExchange):
         info = certificate_info(leaf)
         window = await self._first_renewal_info(leaf, started)
         row = await issued.store_issued(
-            self._pool,
+            self._ca.pool,
             input.certificate_id,
             input.order_url,
             leaf,
@@ -166,7 +169,7 @@ class OrderFinalization(IssuerExchange):
             info,
             window,
             next_check(window) if window.window_start is not None else None,
-            self._managed_base_domain,
+            self._ca.managed_base_domain,
         )
         if row is None:
             raise AcmeProblemError(
@@ -179,18 +182,18 @@ class OrderFinalization(IssuerExchange):
         """The new certificate's ARI window, asked once before it is stored (best
         effort, short): the workflow then sleeps straight to it, and the sweep's first
         look finds nothing moved — no signal, no extra workflow task per renewal."""
-        base_url = self._clients.account.directory_json.get("renewalInfo")
+        base_url = self._ca.clients.account.directory_json.get("renewalInfo")
         url = renewal_info_url(str(base_url), leaf_pem) if base_url else None
         if url is None:
             return RenewalAdvice()
         _heartbeat_after_quiet_start(started)
         return await fetch_renewal_info(
-            self._clients, self._executor, url, timeout=FIRST_RENEWAL_INFO_TIMEOUT
+            self._ca.clients, self._ca.executor, url, timeout=FIRST_RENEWAL_INFO_TIMEOUT
         )
 
     def _decrypt_key(self, encrypted: bytes) -> Any:
         try:
-            return load_private_key(self._key.decrypt(encrypted))
+            return load_private_key(self._ca.key.decrypt(encrypted))
         except DecryptionError as err:
             raise AcmeProblemError(code=ErrorCode.ACME_TEMPORARY, message=str(err)) from None
 
@@ -202,7 +205,7 @@ class OrderFinalization(IssuerExchange):
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))
         try:
             response = client.net.post(
-                finalize_url, request, new_nonce_url=self._clients.new_nonce_url
+                finalize_url, request, new_nonce_url=self._ca.clients.new_nonce_url
             )
         except messages.Error as err:
             # A repeated finalize (activity retry) finds the order already processing.
@@ -219,13 +222,13 @@ class OrderFinalization(IssuerExchange):
         deadline = time.monotonic() + FINALIZE_WAIT
         interval = FAST_POLL_FIRST
         while True:
-            fetched = await self._poll(order_url)
+            fetched = await self._ca.poll(order_url)
             order = fetched.body
             _heartbeat_after_quiet_start(started)
             if (url := issued_url(order)) is not None:
                 return url
             if order.get("status") == AcmeStatus.INVALID:
-                raise await self._invalid_order(order)
+                raise await self._ca.invalid_order(order)
             if time.monotonic() >= deadline:
                 raise AcmeProblemError(
                     code=ErrorCode.ACME_TEMPORARY,
@@ -236,6 +239,6 @@ class OrderFinalization(IssuerExchange):
 
     def _download(self, client: acme_client.ClientV2, certificate_url: str) -> str:
         response = client.net.post(
-            certificate_url, None, new_nonce_url=self._clients.new_nonce_url
+            certificate_url, None, new_nonce_url=self._ca.clients.new_nonce_url
         )
         return str(response.text)

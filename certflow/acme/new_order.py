@@ -44,8 +44,11 @@ class RenewalOrder(messages.NewOrder):
     replaces: str | None = json_util.field("replaces", omitempty=True)
 
 
-class NewOrders(IssuerExchange):
+class NewOrders:
     """create_order and place_order at one CA."""
+
+    def __init__(self, ca: IssuerExchange) -> None:
+        self._ca = ca
 
     # -- create_order ------------------------------------------------------
 
@@ -78,9 +81,9 @@ class NewOrders(IssuerExchange):
             # Each try at a slot reads the cooldowns in the same statement: one that
             # holds this order back refuses it, before a slot or while waiting for one.
             async with order_slot(
-                self._pool,
-                self._directory_url,
-                self._pacing.max_orders_in_flight,
+                self._ca.pool,
+                self._ca.directory_url,
+                self._ca.pacing.max_orders_in_flight,
                 timeout=ORDER_SLOT_WAIT,
                 held_back=HeldBack(hostname, registered_domain(hostname), kind, self._refuse),
             ) as slot:
@@ -122,7 +125,7 @@ class NewOrders(IssuerExchange):
         methods: Sequence[ValidationMethod] = (),
     ) -> OpenedOrder:
         try:
-            return await self._call(
+            return await self._ca.call(
                 lambda client: self._open_order(client, hostname, replaces, methods),
                 hostname=hostname,
             )
@@ -135,7 +138,7 @@ class NewOrders(IssuerExchange):
             malformed = problem_suffix(err.problem_type) == "malformed"
             if refusal is ReplacesRefusal.TEMPORARY:
                 if certificate_id is not None:
-                    await attempts.note_replaces_failing(self._pool, certificate_id)
+                    await attempts.note_replaces_failing(self._ca.pool, certificate_id)
                 raise AcmeProblemError(
                     code=ErrorCode.ACME_TEMPORARY,
                     message=f"the CA could not check `replaces` (retrying with it later): {err.detail}",
@@ -148,14 +151,14 @@ class NewOrders(IssuerExchange):
                 refusal,
                 extra={"detail": err.detail, "problem_type": err.problem_type},
             )
-        order = await self._call(
+        order = await self._ca.call(
             lambda client: self._open_order(client, hostname, None, methods), hostname=hostname
         )
         if refusal is ReplacesRefusal.FIELD and malformed:
             # Our certID is well-formed and the order went through without it: this
             # CA rejects the field. Renewals go without it for a day, then ask again.
-            self._clients.replaces_refused_until = await accounts.refuse_replaces(
-                self._pool, self._directory_url
+            self._ca.clients.replaces_refused_until = await accounts.refuse_replaces(
+                self._ca.pool, self._ca.directory_url
             )
         return order
 
@@ -164,9 +167,9 @@ class NewOrders(IssuerExchange):
         ARI and takes ``replaces`` now — unless the CA has failed to check it for
         this certificate for over REPLACES_FAILING_FOR_SECONDS (a 5xx each time): no
         refusal blocks a renewal."""
-        if not self._clients.takes_replaces or not self._clients.account.directory_json.get("renewalInfo"):
+        if not self._ca.clients.takes_replaces or not self._ca.clients.account.directory_json.get("renewalInfo"):
             return None
-        current = await attempts.replaced_certificate(self._pool, certificate_id)
+        current = await attempts.replaced_certificate(self._ca.pool, certificate_id)
         if current is None:
             return None
         if current.failing_for_seconds > REPLACES_FAILING_FOR_SECONDS:
@@ -188,11 +191,11 @@ class NewOrders(IssuerExchange):
     ) -> OpenedOrder:
         new_order = RenewalOrder(
             identifiers=[messages.Identifier(typ=messages.IDENTIFIER_FQDN, value=hostname)],
-            profile=self._profile or None,
+            profile=self._ca.profile or None,
             replaces=replaces,
         )
         response = client.net.post(
-            client.directory["newOrder"], new_order, new_nonce_url=self._clients.new_nonce_url
+            client.directory["newOrder"], new_order, new_nonce_url=self._ca.clients.new_nonce_url
         )
         order = messages.Order.from_json(response.json())
         order_url = response.headers["Location"]
@@ -205,7 +208,7 @@ class NewOrders(IssuerExchange):
             names = ", ".join(str(m) for m in wanted)
             raise AcmeProblemError(
                 code=ErrorCode.ACME_REJECTED,
-                message=f"the CA {self.name} offers no {names} challenge for {hostname}"
+                message=f"the CA {self._ca.name} offers no {names} challenge for {hostname}"
                 f" (it offers {', '.join(offered) or 'none'})",
             )
         challb, method = chosen
@@ -213,7 +216,7 @@ class NewOrders(IssuerExchange):
             # The record was judged against our account URL; the challenge holds what
             # the CA compares. Differing, nothing is accepted (DNS_PERSIST).
             check_challenge(
-                challb.to_partial_json(), hostname, self._clients.issuer.caa_domains, self._clients.account_url
+                challb.to_partial_json(), hostname, self._ca.clients.issuer.caa_domains, self._ca.clients.account_url
             )
         token = challb.chall.encode("token") if hasattr(challb.chall, "token") else ""
         return OpenedOrder(
@@ -221,7 +224,7 @@ class NewOrders(IssuerExchange):
             authorization_url=authorization_url,
             challenge_url=challb.uri,
             token=token,
-            key_authorization=self._clients.key_authorization(token) if token else "",
+            key_authorization=self._ca.clients.key_authorization(token) if token else "",
             replaces=replaces,
             method=None if method is ValidationMethod.HTTP_01 and not methods else method,
             authorized=authz.status == messages.STATUS_VALID,
@@ -238,7 +241,7 @@ class NewOrders(IssuerExchange):
         while True:
             try:
                 authorization: messages.Authorization = messages.Authorization.from_json(
-                    self._post_as_get(client, authorization_url).body
+                    self._ca.post_as_get(client, authorization_url).body
                 )
                 return authorization
             except Exception as exc:
@@ -256,7 +259,7 @@ class NewOrders(IssuerExchange):
         # when the row had none), so a first try spends no read on it.
         if activity.info().attempt > 1:
             stored = await certificates.stored_open_order(
-                self._pool, input.certificate_id, self._managed_base_domain
+                self._ca.pool, input.certificate_id, self._ca.managed_base_domain
             )
             if stored is not None:
                 return stored
@@ -270,7 +273,7 @@ class NewOrders(IssuerExchange):
             # records the CA too.
             if input.issuer is not None:
                 await attempts.choose_issuer(
-                    self._pool, input.certificate_id, self.name, input.issuer_reason
+                    self._ca.pool, input.certificate_id, self._ca.name, input.issuer_reason
                 )
             raise
         if row is None:
@@ -292,17 +295,17 @@ class NewOrders(IssuerExchange):
         ) -> tuple[OpenedOrder, CertificateRecord | None]:
             reason = input.method_reason
             if order.authorized:
-                reason = f"{order.method or 'http-01'}: the CA {self.name} reused a valid authorization"
+                reason = f"{order.method or 'http-01'}: the CA {self._ca.name} reused a valid authorization"
             elif reason is not None and input.methods and order.method is not input.methods[0]:
-                reason = f"{order.method}: the CA {self.name} offers no {input.methods[0]} challenge"
+                reason = f"{order.method}: the CA {self._ca.name} offers no {input.methods[0]} challenge"
             row = await certificates.persist_challenge(
                 slot.connection,
                 input.certificate_id,
                 order,
                 reason,
-                self.name if input.issuer is not None else None,
+                self._ca.name if input.issuer is not None else None,
                 input.issuer_reason,
-                self._managed_base_domain,
+                self._ca.managed_base_domain,
                 let_go=(slot.directory_url, slot.number),
             )
             slot.let_go = True

@@ -13,6 +13,7 @@ from typing import TypeVar
 import asyncpg
 
 from certflow.acme.account import AcmeClients
+from certflow.acme.exchange import IssuerExchange
 from certflow.acme.orders import IssuerOrders
 from certflow.acme.pacing import OrderPacing, PollPacer
 from certflow.crypto import EncryptionKey
@@ -45,15 +46,17 @@ class IssuerRouter:
         polls = PollPacer(pacing.polls_per_second)  # one budget for every CA together
         self._orders = [
             IssuerOrders(
-                clients,
-                pool,
-                encryption_key,
-                key_type,
-                executor,
-                metrics,
-                pacing,
-                polls,
-                managed_base_domain,
+                IssuerExchange(
+                    clients,
+                    pool,
+                    encryption_key,
+                    key_type,
+                    executor,
+                    metrics,
+                    pacing,
+                    polls,
+                    managed_base_domain,
+                )
             )
             for clients in listed
         ]
@@ -63,7 +66,7 @@ class IssuerRouter:
         if name is None:
             return self._orders[0]
         for orders in self._orders:
-            if orders.name == name:
+            if orders.ca.name == name:
                 return orders
         raise AcmeProblemError(
             code=ErrorCode.ACME_INVALID_ORDER,
@@ -73,7 +76,7 @@ class IssuerRouter:
     async def on(self, name: str | None, call: Callable[[IssuerOrders], Awaitable[T]]) -> T:
         """``call`` on the issuer called ``name``, its account registered."""
         orders = self.at(name)
-        await orders.ready()
+        await orders.ca.ready()
         return await call(orders)
 
     def serving(self, url: str) -> IssuerOrders:
@@ -81,6 +84,6 @@ class IssuerRouter:
         call that names no issuer), told by its newOrder URL; the first otherwise."""
         origin = urllib.parse.urlsplit(url)[:2]
         for orders in self._orders:
-            if orders.order_origin == origin:
+            if orders.ca.order_origin == origin:
                 return orders
         return self._orders[0]

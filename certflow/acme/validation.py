@@ -38,13 +38,16 @@ def accepted_before() -> bool:
     details = activity.info().heartbeat_details
     return bool(details and isinstance(details[0], dict) and details[0].get("accepted"))
 
-class OrderValidation(IssuerExchange):
+class OrderValidation:
     """accept_challenge and wait_for_order at one CA."""
+
+    def __init__(self, ca: IssuerExchange) -> None:
+        self._ca = ca
 
     # -- accept_challenge --------------------------------------------------
 
     async def accept(self, challenge_url: str) -> None:
-        await self._call(lambda client: self._accept(client, challenge_url))
+        await self._ca.call(lambda client: self._accept(client, challenge_url))
 
     def _accept(self, client: acme_client.ClientV2, challenge_url: str) -> str | None:
         """POST the challenge; the status the CA gave it in the answer."""
@@ -52,7 +55,7 @@ class OrderValidation(IssuerExchange):
             response = client.net.post(
                 challenge_url,
                 challenges.HTTP01Response(),
-                new_nonce_url=self._clients.new_nonce_url,
+                new_nonce_url=self._ca.clients.new_nonce_url,
             )
         except messages.Error as err:
             if problem_suffix(str(err.typ)) == "conflict":
@@ -62,7 +65,7 @@ class OrderValidation(IssuerExchange):
                 # reads pending. The CA has the accept: follow the order.
                 return AcmeStatus.PROCESSING
             # Pebble answers `malformed` to a second accept; only the status tells.
-            challenge = self._post_as_get(client, challenge_url).body
+            challenge = self._ca.post_as_get(client, challenge_url).body
             if challenge.get("status") == AcmeStatus.INVALID:
                 # Table 2: caa → ACME_CAA, rejectedIdentifier → ACME_REJECTED, a failed
                 # validation → ACME_INVALID_ORDER, each with the CA's detail.
@@ -100,10 +103,10 @@ class OrderValidation(IssuerExchange):
             return True, False
         url = input.challenge_url
         if input.accept_unsure or activity.info().attempt > 1:
-            challenge = await self._call(lambda client: self._post_as_get(client, url), poll=True)
+            challenge = await self._ca.call(lambda client: self._ca.post_as_get(client, url), poll=True)
             if challenge.body.get("status") != AcmeStatus.PENDING:
                 return True, False  # answered before: validating, or done
-        status = await self._call(lambda client: self._accept(client, url))
+        status = await self._ca.call(lambda client: self._accept(client, url))
         activity.heartbeat({"accepted": True})
         return True, status in (AcmeStatus.PENDING, AcmeStatus.PROCESSING)
 
@@ -120,14 +123,14 @@ class OrderValidation(IssuerExchange):
         if validating:
             await asyncio.sleep(min(interval, input.within_seconds))
         while True:
-            fetched = await self._poll(input.order_url)
+            fetched = await self._ca.poll(input.order_url)
             # A retry of this activity must know the accept was answered.
             activity.heartbeat(*([{"accepted": True}] if accepted else []))
             status = _order_status(fetched.body)
             if status in ISSUABLE:
                 return OrderProgress(status=status)
             if status is AcmeStatus.INVALID:
-                raise await self._invalid_order(fetched.body)
+                raise await self._ca.invalid_order(fetched.body)
             now = time.monotonic()
             # The CA's pacing wins: a Retry-After beyond the window ends it early.
             wait = max(interval, fetched.retry_after or 0.0)
@@ -143,6 +146,6 @@ class OrderValidation(IssuerExchange):
         authorization is invalid, is invalid (RFC 8555 §7.1.6), whether or not the CA
         says so yet (acme2certifier 0.46 leaves such an order pending for ever)."""
         for url in list(order.get("authorizations") or []):
-            authz = await self._call(lambda client: self._post_as_get(client, url), poll=True)
+            authz = await self._ca.call(lambda client: self._ca.post_as_get(client, url), poll=True)
             if authz.body.get("status") == AcmeStatus.INVALID:
-                raise await self._invalid_order({**order, "authorizations": [url]})
+                raise await self._ca.invalid_order({**order, "authorizations": [url]})

@@ -143,7 +143,7 @@ def acme_persist(db: asyncpg.Pool):  # type: ignore[no-untyped-def]
 
 def _finalize_out_of_band(acme: AcmeActivities, order_url: str, csr: bytes) -> None:
     """What a worker did before it died: the finalize request, never the store."""
-    clients = acme._issuers.at(None)._clients
+    clients = acme._issuers.at(None).ca.clients
     with clients.borrow() as client:
         body = client.net.post(order_url, None, new_nonce_url=clients.new_nonce_url).json()
         request = messages.CertificateRequest(csr=x509.load_pem_x509_csr(csr))

@@ -138,7 +138,7 @@ async def test_a_worker_killed_after_the_ca_finalized_pairs_the_order_with_its_s
     finalize, the row ACTIVE, the stored key matching the leaf.
 
     Checked: with ``store_pending_key`` moved after the finalize call in
-    certflow/acme/orders.py ``IssuerOrders.finalize`` (since in
+    ``IssuerOrders.finalize`` (since ``OrderFinalization.finalize`` in
     certflow/acme/finalize.py), the test failed: the restarted
     worker found the order finalized with no stored key, so a second order was
     created (2 orders, 2 finalizes). Reverted by hand; ``git diff

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from acme import messages
 
+from certflow.acme.exchange import IssuerExchange
 from certflow.acme.validation import OrderValidation
 from certflow.models import AcmeStatus
 
@@ -57,8 +58,9 @@ class _Network:
 
 
 def _accept(network: _Network) -> str | None:
-    validation = object.__new__(OrderValidation)
-    validation._clients = SimpleNamespace(new_nonce_url="https://ca.test/nonce")  # type: ignore[assignment]
+    ca = object.__new__(IssuerExchange)  # the CA's exchange, with no account behind it
+    ca.clients = SimpleNamespace(new_nonce_url="https://ca.test/nonce")  # type: ignore[assignment]
+    validation = OrderValidation(ca)
     return validation._accept(SimpleNamespace(net=network), CHALLENGE_URL)  # type: ignore[arg-type]
 
 

@@ -390,14 +390,17 @@ class _Net:
 def _orders(challenge: dict[str, Any]) -> tuple[NewOrders, SimpleNamespace]:
     """A NewOrders whose CA answers new-order with one authorization offering
     ``challenge`` (no network, no database)."""
-    orders = NewOrders.__new__(NewOrders)
-    orders._clients = SimpleNamespace(  # type: ignore[assignment]
-        issuer=SimpleNamespace(name="ca", caa_domains=("ca.example",)),
-        account_url=ACCOUNT,
-        new_nonce_url=None,
-        key_authorization=lambda token: f"{token}.k",
+    ca = SimpleNamespace(
+        clients=SimpleNamespace(
+            issuer=SimpleNamespace(name="ca", caa_domains=("ca.example",)),
+            account_url=ACCOUNT,
+            new_nonce_url=None,
+            key_authorization=lambda token: f"{token}.k",
+        ),
+        profile=None,
+        post_as_get=lambda client, url: None,
     )
-    orders._profile = None
+    orders = NewOrders(ca)  # type: ignore[arg-type]
     authz = messages.Authorization.from_json(
         {"identifier": {"type": "dns", "value": HOST}, "status": "pending", "challenges": [challenge]}
     )

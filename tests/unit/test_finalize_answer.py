@@ -15,6 +15,7 @@ import pytest
 from acme import messages
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from certflow.acme.exchange import IssuerExchange
 from certflow.acme.finalize import OrderFinalization, issued_url
 from certflow.crypto import make_csr
 
@@ -43,8 +44,9 @@ class _Network:
 
 
 def _finalize(network: _Network) -> dict[str, Any] | None:
-    finalization = object.__new__(OrderFinalization)
-    finalization._clients = SimpleNamespace(new_nonce_url="https://ca.test/nonce")  # type: ignore[assignment]
+    ca = object.__new__(IssuerExchange)  # the CA's exchange, with no account behind it
+    ca.clients = SimpleNamespace(new_nonce_url="https://ca.test/nonce")  # type: ignore[assignment]
+    finalization = OrderFinalization(ca)
     csr = make_csr(ec.generate_private_key(ec.SECP256R1()), "shop.example.test")
     return finalization._begin_finalize(SimpleNamespace(net=network), FINALIZE_URL, csr)  # type: ignore[arg-type]
 
