@@ -1,6 +1,7 @@
-"""What every phase of the Certificate workflow shares: the row and the phase as the
-product sees them (search attributes, current details, the status query), durable
-sleeps that signals cut short, webhooks, and what the next run is handed."""
+"""What every phase of the Certificate workflow shares: the row as this run knows
+it and its writes, the phase, durable sleeps that signals cut short, the
+migration to the current design, and what the next run is handed. What the
+product sees of it (search attributes, details, webhooks) is ``publish``'s."""
 
 from __future__ import annotations
 
@@ -10,18 +11,14 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeUpdate
 from temporalio.exceptions import ActivityError
-from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from activities.dns import DnsActivities
     from activities.records import RecordActivities
-    from certflow import search
-    from certflow.contract import WEBHOOK_DELIVERY_WORKFLOW, webhook_workflow_id
     from certflow.errors import ErrorCode
     from certflow.models import CertificateRecord, CertificateStatus, RequestedMethod, Phase
-    from certflow.workflow_payloads import CarriedWaits, CertificateInput, CertificateState, WebhookEvent
+    from certflow.workflow_payloads import CarriedWaits, CertificateInput, CertificateState
     from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
     from workflows.patches import (
@@ -31,6 +28,8 @@ with workflow.unsafe.imports_passed_through():
         RUN_KEPT_BELOW_EVENTS,
     )
     from workflows.steps import BEST_EFFORT, POSTGRES, POSTGRES_LOCAL, run, run_local
+
+from workflows import publish
 
 S = TypeVar("S")
 A = TypeVar("A")
@@ -49,7 +48,7 @@ class CertificateBase:
 
     def _set_record(self, record: CertificateRecord) -> None:
         self._state.current = record
-        self._publish()
+        publish.show(self._state)
 
     def _set_written(
         self, row: CertificateRecord | None, before: CertificateRecord, **wrote: Any
@@ -64,7 +63,7 @@ class CertificateBase:
 
     def _enter(self, phase: Phase) -> None:
         self._state.phase = phase
-        self._publish()
+        publish.show(self._state)
 
     def _expiring_soon_at(self) -> datetime | None:
         record = self._record
@@ -79,37 +78,7 @@ class CertificateBase:
         renewing = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
         if moment is not None and renewing and workflow.now() >= moment:
             self._state.warned_expiring = True
-            await self._notify("expiring_soon")
-
-    async def _notify(
-        self, event: str, serial: str | None = None, about: CertificateRecord | None = None
-    ) -> None:
-        """Hand the event to a WebhookDelivery child that retries on its own and
-        outlives this run (continue-as-new, cancel); ``about``: the record as this
-        event describes it (the old tenant's view of a transfer), else the current."""
-        record = about or self._record
-        if not self._state.policy.webhooks or record is None:
-            return
-        event_id = str(workflow.uuid4())
-        await workflow.start_child_workflow(
-            WEBHOOK_DELIVERY_WORKFLOW,
-            WebhookEvent(
-                event_id=event_id,
-                event=event,
-                hostname=record.hostname,
-                tenant_id=record.tenant_id,
-                status=record.status,
-                error_code=record.error_code,
-                error_message=record.error_message,
-                serial=serial,
-                expires_at=record.expires_at,
-                occurred_at=workflow.now(),
-                issuer=self._state.issuer or record.issuer,
-                issuer_reason=self._state.issuer_reason,
-            ),
-            id=webhook_workflow_id(record.hostname, event_id),
-            parent_close_policy=ParentClosePolicy.ABANDON,
-        )
+            await publish.notify(self._state, "expiring_soon")
 
     @property
     def _row_just_read(self) -> bool:
@@ -144,82 +113,6 @@ class CertificateBase:
         self._set_record(ensured.record)
         self._state.policy = ensured.policy
         self._state.row_read_at = workflow.now()
-
-    def _publish(self) -> None:
-        """Show the state in the Temporal UI: search attributes (when the worker
-        registered them) and the workflow's current details. Nothing secret.
-
-        Called after every change of the record or the phase (``_set_record``,
-        ``_enter``) and of the next wake-up. The attributes are upserted only when
-        what they show changed; the first upsert of a run happens at its first
-        change after the policy was read, and histories depend on that moment."""
-        record = self._state.current
-        if record is None:
-            return
-        if self._state.policy.search_attributes and not self._state.attributes_held:
-            updates: list[SearchAttributeUpdate[Any]] = [
-                search.STATUS.value_set(str(record.status)),
-                search.ERROR_CODE.value_set(str(record.error_code))
-                if record.error_code
-                else search.ERROR_CODE.value_unset(),
-                search.EXPIRES_AT.value_set(record.expires_at)
-                if record.expires_at
-                else search.EXPIRES_AT.value_unset(),
-            ]
-            if record.tenant_id:
-                updates.append(search.TENANT.value_set(record.tenant_id))
-            if self._state.policy.hostname_search_attribute:
-                updates.insert(0, search.HOSTNAME.value_set(record.hostname))
-            issuer = self._shown_issuer(record)
-            if issuer is not None:  # never set by histories from before issuers
-                updates.append(search.ISSUER.value_set(issuer))
-            shown = self._shown(record)
-            if shown != self._state.published:
-                self._state.published = shown
-                workflow.upsert_search_attributes(updates)
-        details = [f"**{record.status}** — {self._state.phase}"]
-        if self._state.next_attempt_at is not None:
-            details.append(f"next: {self._state.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC")
-        if record.error_code:
-            details.append(f"last error: {record.error_code}: {record.error_message or ''}")
-        if record.expires_at is not None:
-            details.append(f"expires: {record.expires_at:%Y-%m-%d %H:%M} UTC")
-        workflow.set_current_details("\n\n".join(details))
-
-    @staticmethod
-    def _shown_at_start() -> tuple[object, ...] | None:
-        """What the search attributes the run started with show (set by the
-        client's start, or copied by continue-as-new), as ``_shown`` says it; None
-        when the start set no status."""
-        attributes = workflow.info().typed_search_attributes
-        status = attributes.get(search.STATUS)
-        if status is None:
-            return None
-        # Strings: the row's enums compare equal to their values.
-        shown: tuple[object, ...] = (
-            status,
-            attributes.get(search.ERROR_CODE),
-            attributes.get(search.EXPIRES_AT),
-            attributes.get(search.TENANT),
-        )
-        issuer = attributes.get(search.ISSUER)
-        return shown if issuer is None else (*shown, issuer)
-
-    @staticmethod
-    def _shown_issuer(record: CertificateRecord) -> str | None:
-        """The CA shown: the current certificate's once ACTIVE, else the attempt's."""
-        if record.status is CertificateStatus.ACTIVE:
-            return record.issuer
-        return record.order_issuer or record.issuer
-
-    @classmethod
-    def _shown(cls, record: CertificateRecord) -> tuple[object, ...]:
-        """What the search attributes show of a record."""
-        shown: tuple[object, ...] = (
-            record.status, record.error_code, record.expires_at, record.tenant_id
-        )
-        issuer = cls._shown_issuer(record)
-        return shown if issuer is None else (*shown, issuer)
 
     def _next_run_input(
         self, *, carry_waits: bool = False, after_issuance: bool = False
@@ -260,7 +153,7 @@ class CertificateBase:
         design = self._state.design
         self._state = RunState.starting(self._next_run_input(after_issuance=True))
         self._state.design = design
-        self._state.published = self._shown(self._state.record)
+        self._state.published = publish.shown(self._state.record)
 
     async def _give_up(self, status: CertificateStatus, code: ErrorCode, message: str) -> bool:
         """Stop trying for the hostname: the row ``status`` with ``code`` and
@@ -281,7 +174,7 @@ class CertificateBase:
                 order_url=None,
                 challenge_url=None,
             )
-            await self._notify(str(code).lower())
+            await publish.notify(self._state, str(code).lower())
         return given_up.applied
 
     async def _withdraw_dns01(self, record: CertificateRecord) -> None:
@@ -337,7 +230,7 @@ class CertificateBase:
             await self._migrate_at_wait()
         self._state.next_attempt_at = workflow.now() + timedelta(seconds=seconds)
         self._state.retry_cuts_wait = interruptible
-        self._publish()
+        publish.show(self._state)
         retried = False
         try:
             await workflow.wait_condition(

@@ -13,7 +13,8 @@ rate-limit cooldown.
 This file holds the loop and what the product and operators call (queries,
 signals, updates); each phase is a file of its own: ``obtain`` (one attempt),
 ``failures`` (after a failed one), ``renew``, ``stop``; ``base`` what they share,
-``run_state`` the run's state in one record, ``patches`` every patch and bound.
+``publish`` what the product sees of a run, ``run_state`` the run's state in one
+record, ``patches`` the designs, every patch and bound.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.dns import DnsActivities
     from workflows.steps import DNS, AttemptFailed, failure_of, run
 
+from workflows import publish
 from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, RENEW_NEXT_RUN_PATCH, design_of
@@ -52,13 +54,13 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
     def __init__(self, input: CertificateInput) -> None:
         self._state = RunState.starting(input)
         if self._state.after_issuance:
-            self._state.published = self._shown(self._state.record)
+            self._state.published = publish.shown(self._state.record)
 
     @workflow.run
     async def run(self, input: CertificateInput) -> CertificateState:
         self._state.design = design_of(input.design)
         if self._state.published is None:
-            self._state.published = self._shown_at_start()  # no upsert repeats the start's
+            self._state.published = publish.shown_at_start()  # no upsert repeats the start's
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
         if not self._state.after_issuance:
@@ -121,7 +123,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                 issued_at=issued.issued_at,
             )
             self._enter(Phase.ISSUED)
-            await self._notify("renewed" if renewal else "issued", serial=issued.serial_hex)
+            await publish.notify(self._state, "renewed" if renewal else "issued", serial=issued.serial_hex)
             # Answer pending updates before this run hands over to the next.
             self._state.retry_requested = self._state.renew_requested = False
             await workflow.wait_condition(workflow.all_handlers_finished)
@@ -265,8 +267,8 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
             raise ApplicationError(failure_of(err).message, non_retryable=True) from None
         before = self._record.model_copy(update={"tenant_id": moved.from_tenant})
         self._set_record(self._record.model_copy(update={"tenant_id": moved.record.tenant_id}))
-        await self._notify("transferred", about=before)
-        await self._notify("transferred")
+        await publish.notify(self._state, "transferred", about=before)
+        await publish.notify(self._state, "transferred")
         if self._record.status is CertificateStatus.ACTIVE:
             self._renew_when_active()
         return self._view()

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         run,
     )
 
+from workflows import publish
 from workflows.base import CertificateBase
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, LOST_WORKER_PATCH
 
@@ -84,13 +85,13 @@ class FailureHandling(CertificateBase):
         if applied and not keep and record.validation_method is ValidationMethod.DNS_01:
             await self._withdraw_dns01(record)  # the order is abandoned: its TXT goes too
         if applied and outcome.status is CertificateStatus.FAILED:
-            await self._notify("failed")
+            await publish.notify(self._state, "failed")
         elif (
             applied
             and failure.code in NOT_READY_CODES
             and outcome.error_code is not record.error_code  # once per reason, not per re-check
         ):
-            await self._notify("not_ready")
+            await publish.notify(self._state, "not_ready")
         return applied
 
     def _fallback_reason(
@@ -144,7 +145,7 @@ class FailureHandling(CertificateBase):
         self._set_record(reread)
         if reread.status is CertificateStatus.ACTIVE:
             self._enter(Phase.ISSUED)
-            await self._notify("renewed" if renewal else "issued")
+            await publish.notify(self._state, "renewed" if renewal else "issued")
         return True
 
     async def _wait_after(

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         run,
     )
 
+from workflows import publish
 from workflows.base import CertificateBase
 
 
@@ -47,7 +48,7 @@ class Stopping(CertificateBase):
                 )
             except ActivityError:
                 workflow.logger.warning("could not deactivate the open authorization")
-        await self._notify("canceled")
+        await publish.notify(self._state, "canceled")
         if stop.delete:
             if stop.revoke and record.expires_at is not None:
                 self._enter(Phase.REVOKING)
