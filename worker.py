@@ -18,8 +18,7 @@ from pathlib import Path
 
 import asyncpg
 
-from temporalio.client import Interceptor
-from temporalio.runtime import Runtime
+from temporalio.client import Client, Interceptor
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
@@ -79,6 +78,16 @@ class WorkerParts:
     executor: ThreadPoolExecutor
 
 
+WORKFLOWS = [
+    CertificateWorkflow,
+    DomainCheckWorkflow,
+    ReconcileWorkflow,
+    RenewalInfoSweepWorkflow,
+    WebhookDeliveryWorkflow,
+]
+"""Every workflow a worker runs."""
+
+
 async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     """Everything a worker runs, wired: the ACME account, the Temporal client and
     worker with every activity, the schedule, the responder. ConfigError (or
@@ -94,35 +103,14 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
     metrics = (
         CertflowMetrics(runtime.metric_meter, settings.expiring_soon_days) if runtime else CertflowMetrics()
     )
-    interceptors: list[Interceptor] = []
-    if settings.otlp_endpoint:
-        configure_tracing(settings.otlp_endpoint)
-        # No certflow client traces (the CLI, CertflowClient, the schedules), so the
-        # workflow spans must not wait for a client's span to hang from.
-        interceptors.append(TracingInterceptor(always_create_workflow_spans=True))
     temporal = load_temporal_connection(settings)
     client = await open_temporal(
-        temporal, data_converter=data_converter(settings), runtime=runtime, interceptors=interceptors
+        temporal, data_converter=data_converter(settings), runtime=runtime, interceptors=interceptors(settings)
     )
     executor = ThreadPoolExecutor(max_workers=ACME_THREADS, thread_name_prefix="acme")
     searchable = await register_search_attributes(client, temporal.namespace)
     policy = settings.provisioning_policy().model_copy(update={"search_attributes": searchable})
-    host, port = settings.dns_resolver_address
-    dns = DnsChecker(
-        resolver=f"{host}:{port}",
-        cname_target=settings.cname_target,
-        caa_issuer_domain=issuers.items[0].caa_domains[0],
-        # Each CA with our account URL there (once registered), for RFC 8657 accounturi.
-        issuers=lambda: tuple(
-            (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account_url))
-            for c in issuer_clients
-        ),
-        dns01=settings.dns01,
-        edge_addresses=settings.edge_address_set,
-        ownership_secret=settings.ownership_secret_bytes,
-        require_ownership=settings.require_ownership,
-        persist_issuers=frozenset(i.name for i in issuers.items if i.dns_persist),
-    )
+    dns = dns_checker(settings, issuer_clients)
     preflight = PreflightActivities(
         pool,
         dns,
@@ -133,33 +121,24 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         ),
         metrics,
     )
-    acme = AcmeActivities(
-        IssuerRouter(
-            issuer_clients,
-            pool,
-            encryption_key,
-            settings.acme_key_type,
-            executor,
-            metrics,
-            OrderPacing(
-                max_orders_in_flight=settings.max_new_orders_in_flight,
-                polls_per_second=settings.acme_polls_per_second,
-            ),
-            settings.managed_base_domain,
-        ),
+    router = IssuerRouter(
+        issuer_clients,
         pool,
+        encryption_key,
+        settings.acme_key_type,
+        executor,
         metrics,
+        OrderPacing(
+            max_orders_in_flight=settings.max_new_orders_in_flight,
+            polls_per_second=settings.acme_polls_per_second,
+        ),
+        settings.managed_base_domain,
     )
+    acme = AcmeActivities(router, pool, metrics)
     worker = Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[
-            CertificateWorkflow,
-            DomainCheckWorkflow,
-            ReconcileWorkflow,
-            RenewalInfoSweepWorkflow,
-            WebhookDeliveryWorkflow,
-        ],
+        workflows=WORKFLOWS,
         activities=registry.bound(
             RecordActivities(pool, policy, settings.managed_base_domain, metrics),
             DnsActivities(dns, metrics, pool),
@@ -185,15 +164,47 @@ async def build(settings: Settings, pool: asyncpg.Pool) -> WorkerParts:
         # left them queued at the server (N=50 in bench: 6 → 10 certificates/s).
         workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
     )
-    if settings.reconcile_interval_seconds > 0:
-        await install_reconcile_schedule(
-            client, settings.task_queue, settings.reconcile_interval_seconds
-        )
-    if settings.renewal_info_sweep_seconds > 0:
-        await install_renewal_info_schedule(
-            client, settings.task_queue, settings.renewal_info_sweep_seconds
-        )
+    await install_schedules(client, settings)
     return WorkerParts(worker, ChallengeResponder(pool, metrics=metrics), metrics, runtime is not None, executor)
+
+
+def interceptors(settings: Settings) -> list[Interceptor]:
+    """The Temporal client's: OpenTelemetry tracing when an OTLP endpoint is set."""
+    if not settings.otlp_endpoint:
+        return []
+    configure_tracing(settings.otlp_endpoint)
+    # No certflow client traces (the CLI, CertflowClient, the schedules), so the
+    # workflow spans must not wait for a client's span to hang from.
+    return [TracingInterceptor(always_create_workflow_spans=True)]
+
+
+async def install_schedules(client: Client, settings: Settings) -> None:
+    """The reconcile pass and the renewal-info sweep, each when its interval is set."""
+    if settings.reconcile_interval_seconds > 0:
+        await install_reconcile_schedule(client, settings.task_queue, settings.reconcile_interval_seconds)
+    if settings.renewal_info_sweep_seconds > 0:
+        await install_renewal_info_schedule(client, settings.task_queue, settings.renewal_info_sweep_seconds)
+
+
+def dns_checker(settings: Settings, issuer_clients: list[AcmeClients]) -> DnsChecker:
+    """What the CA will see of a hostname, as the settings ask it to be checked."""
+    issuers = settings.issuer_list
+    host, port = settings.dns_resolver_address
+    return DnsChecker(
+        resolver=f"{host}:{port}",
+        cname_target=settings.cname_target,
+        caa_issuer_domain=issuers.items[0].caa_domains[0],
+        # Each CA with our account URL there (once registered), for RFC 8657 accounturi.
+        issuers=lambda: tuple(
+            (c.issuer.name, CaaIssuer(c.issuer.caa_domains, c.account_url))
+            for c in issuer_clients
+        ),
+        dns01=settings.dns01,
+        edge_addresses=settings.edge_address_set,
+        ownership_secret=settings.ownership_secret_bytes,
+        require_ownership=settings.require_ownership,
+        persist_issuers=frozenset(i.name for i in issuers.items if i.dns_persist),
+    )
 
 
 async def issuer_account(

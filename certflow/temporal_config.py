@@ -117,13 +117,9 @@ def _check_client_pair(cert_pem: bytes, key_pem: bytes, cert_setting: str, key_s
         raise ConfigError(f"{key_setting}: the key does not match the certificate of {cert_setting}")
 
 
-def load_temporal_connection(
-    settings: ClientSettings, environ: Mapping[str, str] | None = None
-) -> TemporalConnection:
-    """The connection the settings and Temporal's client configuration describe;
-    ConfigError (naming the setting) for anything wrong before the network."""
-    # An empty variable is an unset one (a harness blanks the caller's TEMPORAL_*).
-    env = {k: v for k, v in (os.environ if environ is None else environ).items() if v.strip()}
+def _load_profile(settings: ClientSettings, env: Mapping[str, str]) -> tuple[ClientConfigProfile, _Sources]:
+    """Temporal's client profile (file, profile name, TEMPORAL_* variables), and the
+    names of where each of its values came from."""
     profile_name = settings.temporal_profile or env.get("TEMPORAL_PROFILE") or "default"
     config_file = settings.temporal_config_file or env.get("TEMPORAL_CONFIG_FILE") or None
     file_setting = (
@@ -146,14 +142,90 @@ def load_temporal_connection(
             else file_setting
         )
         raise ConfigError(f"{setting}: {str(err).splitlines()[0]}") from None
-    sources = _Sources(env, profile_name, config_file)
-    tls = profile.tls
+    return profile, _Sources(env, profile_name, config_file)
+
+
+@dataclass(frozen=True)
+class _TlsMaterial:
+    """The TLS parts as given (certflow's override, else the profile), read, each
+    with the name of the setting it came from."""
+
+    ca: bytes | None
+    cert: bytes | None
+    key: bytes | None = field(repr=False)
+    server_name: str | None
+    ca_setting: str
+    cert_setting: str
+    key_setting: str
+    name_setting: str
+
+    @classmethod
+    def read(cls, settings: ClientSettings, profile: ClientConfigProfile, sources: _Sources) -> _TlsMaterial:
+        tls = profile.tls
+        ca_setting = sources.name(
+            "TLS_CA", settings.temporal_tls_ca, "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+            "TEMPORAL_TLS_SERVER_CA_CERT_DATA", toml_key="tls.server_ca_cert",
+        )
+        cert_setting = sources.name(
+            "TLS_CERT", settings.temporal_tls_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH",
+            "TEMPORAL_TLS_CLIENT_CERT_DATA", toml_key="tls.client_cert",
+        )
+        key_setting = sources.name(
+            "TLS_KEY", settings.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH",
+            "TEMPORAL_TLS_CLIENT_KEY_DATA", toml_key="tls.client_key",
+        )
+        name_setting = sources.name(
+            "TLS_SERVER_NAME", settings.temporal_tls_server_name, "TEMPORAL_TLS_SERVER_NAME",
+            toml_key="tls.server_name",
+        )
+        key_override = (
+            settings.temporal_tls_key.get_secret_value() if settings.temporal_tls_key is not None else None
+        )
+        return cls(
+            ca=_read(_source_of(settings.temporal_tls_ca) or (tls.server_root_ca_cert if tls else None), ca_setting),
+            cert=_read(_source_of(settings.temporal_tls_cert) or (tls.client_cert if tls else None), cert_setting),
+            key=_read(_source_of(key_override) or (tls.client_private_key if tls else None), key_setting),
+            server_name=settings.temporal_tls_server_name or (tls.server_name if tls else None),
+            ca_setting=ca_setting,
+            cert_setting=cert_setting,
+            key_setting=key_setting,
+            name_setting=name_setting,
+        )
+
+    @property
+    def given(self) -> list[str]:
+        """The settings of the parts given, in order."""
+        parts = {
+            self.ca_setting: self.ca, self.cert_setting: self.cert,
+            self.key_setting: self.key, self.name_setting: self.server_name,
+        }
+        return [setting for setting, value in parts.items() if value]
+
+    def check(self) -> None:
+        """A certificate with its key, PEMs that parse, a key that matches."""
+        if self.cert is not None and self.key is None:
+            raise ConfigError(f"{self.cert_setting} is set without its key ({self.key_setting})")
+        if self.key is not None and self.cert is None:
+            raise ConfigError(f"{self.key_setting} is set without its certificate ({self.cert_setting})")
+        if self.ca is not None:
+            _certificates(self.ca, self.ca_setting)
+        if self.cert is not None and self.key is not None:
+            _check_client_pair(self.cert, self.key, self.cert_setting, self.key_setting)
+
+
+def load_temporal_connection(
+    settings: ClientSettings, environ: Mapping[str, str] | None = None
+) -> TemporalConnection:
+    """The connection the settings and Temporal's client configuration describe;
+    ConfigError (naming the setting) for anything wrong before the network."""
+    # An empty variable is an unset one (a harness blanks the caller's TEMPORAL_*).
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if v.strip()}
+    profile, sources = _load_profile(settings, env)
     address_setting = (
         sources.name("ADDRESS", settings.temporal_address, "TEMPORAL_ADDRESS", toml_key="address")
         if settings.temporal_address or profile.address
         else _OVERRIDE + "ADDRESS"
     )
-
     address = settings.temporal_address or profile.address or DEFAULT_ADDRESS
     namespace = settings.temporal_namespace or profile.namespace or DEFAULT_NAMESPACE
     api_key = (
@@ -161,78 +233,41 @@ def load_temporal_connection(
         if settings.temporal_api_key is not None
         else profile.api_key
     )
-    ca_setting = sources.name(
-        "TLS_CA", settings.temporal_tls_ca, "TEMPORAL_TLS_SERVER_CA_CERT_PATH", "TEMPORAL_TLS_SERVER_CA_CERT_DATA",
-        toml_key="tls.server_ca_cert",
-    )
-    cert_setting = sources.name(
-        "TLS_CERT", settings.temporal_tls_cert, "TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_CERT_DATA",
-        toml_key="tls.client_cert",
-    )
-    key_setting = sources.name(
-        "TLS_KEY", settings.temporal_tls_key, "TEMPORAL_TLS_CLIENT_KEY_PATH", "TEMPORAL_TLS_CLIENT_KEY_DATA",
-        toml_key="tls.client_key",
-    )
-    name_setting = sources.name(
-        "TLS_SERVER_NAME", settings.temporal_tls_server_name, "TEMPORAL_TLS_SERVER_NAME",
-        toml_key="tls.server_name",
-    )
-    key_override = (
-        settings.temporal_tls_key.get_secret_value() if settings.temporal_tls_key is not None else None
-    )
-    ca = _read(_source_of(settings.temporal_tls_ca) or (tls.server_root_ca_cert if tls else None), ca_setting)
-    cert = _read(_source_of(settings.temporal_tls_cert) or (tls.client_cert if tls else None), cert_setting)
-    key = _read(_source_of(key_override) or (tls.client_private_key if tls else None), key_setting)
-    server_name = settings.temporal_tls_server_name or (tls.server_name if tls else None)
-
+    tls = _TlsMaterial.read(settings, profile, sources)
     if settings.temporal_tls is not None:
         tls_wanted: bool | None = settings.temporal_tls
         tls_switch = _OVERRIDE + "TLS"
     else:
-        tls_wanted = None if tls is None or tls.disabled is None else not tls.disabled
+        tls_wanted = None if profile.tls is None or profile.tls.disabled is None else not profile.tls.disabled
         tls_switch = sources.name("TLS", None, "TEMPORAL_TLS", toml_key="tls.disabled")
-    tls_parts = {
-        ca_setting: ca, cert_setting: cert, key_setting: key, name_setting: server_name
-    }
-    given = [setting for setting, value in tls_parts.items() if value]
     api_key_setting = (
         sources.name("API_KEY", settings.temporal_api_key, "TEMPORAL_API_KEY", toml_key="api_key")
         if api_key
         else None
     )
+    plain = TemporalConnection(address, namespace, rpc_metadata=profile.grpc_meta, address_setting=address_setting)
     if tls_wanted is False:
         if api_key_setting is not None:
             raise ConfigError(
                 f"{api_key_setting}: an API key is only ever sent over TLS, and {tls_switch} turns TLS off"
             )
-        if given:
-            raise ConfigError(f"{given[0]} is set, but {tls_switch} turns TLS off")
-        return TemporalConnection(
-            address, namespace, rpc_metadata=profile.grpc_meta, address_setting=address_setting
-        )
-    if cert is not None and key is None:
-        raise ConfigError(f"{cert_setting} is set without its key ({key_setting})")
-    if key is not None and cert is None:
-        raise ConfigError(f"{key_setting} is set without its certificate ({cert_setting})")
-    if ca is not None:
-        _certificates(ca, ca_setting)
-    if cert is not None and key is not None:
-        _check_client_pair(cert, key, cert_setting, key_setting)
-    if not (tls_wanted or given or api_key):
-        return TemporalConnection(
-            address, namespace, rpc_metadata=profile.grpc_meta, address_setting=address_setting
-        )
+        if tls.given:
+            raise ConfigError(f"{tls.given[0]} is set, but {tls_switch} turns TLS off")
+        return plain
+    tls.check()
+    if not (tls_wanted or tls.given or api_key):
+        return plain
     return TemporalConnection(
         address,
         namespace,
         tls=TLSConfig(
-            server_root_ca_cert=ca, domain=server_name, client_cert=cert, client_private_key=key
+            server_root_ca_cert=tls.ca, domain=tls.server_name, client_cert=tls.cert, client_private_key=tls.key
         ),
         api_key=api_key,
         rpc_metadata=profile.grpc_meta,
         address_setting=address_setting,
-        ca_setting=ca_setting if ca is not None else None,
-        server_name_setting=name_setting if server_name else None,
-        client_cert_setting=cert_setting if cert is not None else None,
+        ca_setting=tls.ca_setting if tls.ca is not None else None,
+        server_name_setting=tls.name_setting if tls.server_name else None,
+        client_cert_setting=tls.cert_setting if tls.cert is not None else None,
         api_key_setting=api_key_setting,
     )

@@ -99,24 +99,7 @@ class OrderFinalization:
         status = order.get("status")
         if status == AcmeStatus.READY:
             if earlier is None or earlier.pending_key is None:
-                key = generate_private_key(self._ca.key_type)
-                if not await issued.store_pending_key(
-                    self._ca.pool,
-                    input.certificate_id,
-                    input.order_url,
-                    self._ca.key.encrypt(private_key_to_pem(key)),
-                ):
-                    # A key is bound already (an earlier activity's, which stopped
-                    # before finalize), or the row moved on: read which.
-                    earlier = await issued.finalization(
-                        self._ca.pool, input.certificate_id, input.order_url, self._ca.managed_base_domain
-                    )
-                    if earlier.pending_key is None:
-                        raise AcmeProblemError(
-                            code=ErrorCode.ACME_INVALID_ORDER,
-                            message="the order is no longer the certificate's open order",
-                        )
-                    key = self._decrypt_key(earlier.pending_key)
+                key = await self._bind_new_key(input)
             else:
                 key = self._decrypt_key(earlier.pending_key)
             csr = make_csr(key, input.hostname)
@@ -144,7 +127,34 @@ class OrderFinalization:
             raise AcmeProblemError(
                 code=ErrorCode.ACME_TEMPORARY, message=f"order is {status}, not ready to finalize"
             )
+        return await self._download_and_store(input, order, key, started)
 
+    async def _bind_new_key(self, input: FinalizeInput) -> Any:
+        """A new key, stored encrypted as the order's before its CSR goes out, so a
+        crash after finalize still has it; the key an earlier activity bound, when
+        one did (it stopped before finalize)."""
+        key = generate_private_key(self._ca.key_type)
+        if await issued.store_pending_key(
+            self._ca.pool, input.certificate_id, input.order_url, self._ca.key.encrypt(private_key_to_pem(key))
+        ):
+            return key
+        # A key is bound already (an earlier activity's, which stopped before
+        # finalize), or the row moved on: read which.
+        earlier = await issued.finalization(
+            self._ca.pool, input.certificate_id, input.order_url, self._ca.managed_base_domain
+        )
+        if earlier.pending_key is None:
+            raise AcmeProblemError(
+                code=ErrorCode.ACME_INVALID_ORDER,
+                message="the order is no longer the certificate's open order",
+            )
+        return self._decrypt_key(earlier.pending_key)
+
+    async def _download_and_store(
+        self, input: FinalizeInput, order: dict[str, Any], key: Any, started: float
+    ) -> IssuedCertificate:
+        """The certificate the finalized order issues, checked against its key and
+        stored with its first ARI window."""
         # An order already valid needs no poll: finalized by an earlier try, or by a
         # CA that issues within the finalize request (acme2certifier; Boulder
         # without AsyncFinalize).
