@@ -10,17 +10,15 @@ point of the checked-in files is that every later change to the workflow still
 replays them (patch with workflow.patched() where it would not). After a patch
 that changes these scenarios' paths, record them again under a label naming it.
 
-The first four scenarios are those of every label; ``edge-unreachable``,
-``rate-limited`` and ``ari-renewal`` were added with the self-check, the
-cooldown spread and the renewal-info sweep; the ``fewer`` label holds them on
-the fewer-round-trips design (FEWER_ROUND_TRIPS_PATCH), the ``rows`` label with the
-transitions' results carrying the row, the ``one-step`` label on the
-order-in-one-step design (ORDER_IN_ONE_STEP_DESIGN), the ``kept-run`` label on
-the design that keeps its run after an issuance (RUN_KEPT_AFTER_ISSUANCE_DESIGN,
-the design the client asks for). ``failure-and-retry`` needs a CA
-that fails a validation the self-check passes, which one DNS for both cannot
-give: from the ``sweep`` label on, the FAILED path's history is recorded with
-the fakes (record_patch_histories.py).
+The ``one-step`` label holds the six scenarios on the order-in-one-step design
+(ORDER_IN_ONE_STEP_DESIGN), the ``kept-run`` label on the design that keeps its
+run after an issuance (RUN_KEPT_AFTER_ISSUANCE_DESIGN, the design the client asks
+for); the labels before them (none, ``place-order``, ``sweep``, ``carried``,
+``fewer``, ``rows``) are of the retired designs 1 and 2, in histories/retired.
+Record the next design under a label of its own. ``failure-and-retry`` needs a
+CA that fails a validation the self-check passes, which one DNS for both cannot
+give: it was recorded only without a label; the FAILED path's history is
+recorded with the fakes (record_patch_histories.py).
 """
 
 from __future__ import annotations
@@ -144,7 +142,7 @@ async def _scenarios(
         )
         def replaced(report: CertificateState) -> bool:
             # The replacement, given a window open again, waits for the sweep's next
-            # answer (ARI_ONCE_PER_WINDOW_PATCH) rather than for its renewal time.
+            # answer rather than for its renewal time.
             renewal = "renewal" in (report.phase or "")
             return report.status == "ACTIVE" and report.serial != first.serial and renewal
 
