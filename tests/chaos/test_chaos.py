@@ -91,7 +91,7 @@ from tests.chaos.conftest import CNAME_TARGET, MANAGED_BASE_DOMAIN, ChaosStack
 from tests.e2e.fault_fixtures import activity_history
 from tests.leaks import all_leaks, key_needles
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.e2e, pytest.mark.chaos]
 
 HOSTNAMES = int(os.environ.get("CERTFLOW_CHAOS_HOSTNAMES", "100"))
 CHARGED_CODES = {"ACME_INVALID_ORDER", "ACME_TEMPORARY", "ACME_CAA", "ACME_FAILED", "ACME_REJECTED"}

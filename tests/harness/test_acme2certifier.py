@@ -27,6 +27,8 @@ from devstack import realdns
 from devstack.acme2certifier import Acme2CertifierStack, start_acme2certifier
 from devstack.realdns import RealDns
 
+pytestmark = pytest.mark.e2e  # real binaries: out of the fast tier
+
 # Unbound's port-53 address for acme2certifier; no other suite uses 127.0.3.0/24.
 RESOLVER_HOST = "127.0.3.53"
 DNS_PERSIST_01 = "dns-persist-01"

@@ -30,6 +30,8 @@ from temporalio.client import Client
 from devstack import servers
 from devstack.servers import PebbleStack, StackError
 
+pytestmark = pytest.mark.e2e  # real binaries: out of the fast tier
+
 
 @pytest.fixture(scope="module")
 def pebble(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PebbleStack]:

@@ -24,6 +24,8 @@ from devstack.dns01zone import Dns01Zone as ZoneServers
 from devstack.dns01zone import start_dns01_zone
 from devstack.realdns import RealDns, start_real_dns
 
+pytestmark = pytest.mark.e2e  # real binaries: out of the fast tier
+
 HOST = "shop.customer.test"
 
 

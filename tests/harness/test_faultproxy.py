@@ -44,6 +44,8 @@ from devstack.faultproxy import (
 )
 from certflow.errors import ErrorCode
 
+pytestmark = pytest.mark.e2e  # real binaries: out of the fast tier
+
 
 @pytest.fixture(scope="module")
 def pebble_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -38,6 +38,8 @@ from devstack import realdns, servers
 from devstack.servers import PebbleStack, StackError
 from devstack.realdns import RealDns
 
+pytestmark = pytest.mark.e2e  # real binaries: out of the fast tier
+
 
 @pytest.fixture(scope="module")
 def real_dns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealDns]:

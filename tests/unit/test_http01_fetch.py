@@ -90,7 +90,8 @@ class _Server:
             address_family = family
 
         self._httpd = Server((address, port), Handle)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # A short poll: shutdown waits for the loop to notice (0.5 s per test at the default).
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

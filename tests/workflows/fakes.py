@@ -880,10 +880,13 @@ async def started(
     fakes: Fakes,
     input: CertificateInput | None = None,
     design: int | None = CERTIFICATE_DESIGN,
+    task_timeout: timedelta | None = None,
 ) -> AsyncIterator[Run]:
     """A worker with the fakes on a fresh task queue, and the workflow started on it,
     of ``design`` (as certflow starts it) unless the input names one (None: decided
-    by the workflow's first run, as for a start by other code).
+    by the workflow's first run, as for a start by other code). ``task_timeout``:
+    the workflow task's (10 s by default; a local activity that outlasts 80 % of
+    it is heartbeated by a new workflow task, in real time).
 
     A workflow still running when the test ends (a failed test) is terminated,
     so it cannot wake up during a later test's time skipping.
@@ -901,6 +904,7 @@ async def started(
             id=f"{workflow_id_for(HOSTNAME)}:{uuid.uuid4()}",
             task_queue=task_queue,
             result_type=CertificateState,
+            task_timeout=task_timeout,
             # No execution timeout: the V1 test server keeps a run's timeout timer
             # after the run continued as new, and the next unlocked wait would
             # jump virtual time to it. A failed test's run is terminated below.

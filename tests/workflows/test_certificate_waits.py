@@ -339,7 +339,9 @@ async def test_retry_update_before_the_row_is_read_is_decided_by_the_row(
         return DEFAULT
 
     fakes.behaviours["ensure_certificate"] = held
-    async with started(workflow_env, fakes) as run:
+    # The update reaches the run at the workflow task that heartbeats the held
+    # local activity: at 80 % of the task timeout (8 s at the default).
+    async with started(workflow_env, fakes, task_timeout=timedelta(seconds=2)) as run:
         await run.until_calls("ensure_certificate", 1)
         # Accepted while the row is unread: a retry decided before the row would be
         # rejected by the validator here, and start_update would raise at once.
