@@ -1,6 +1,7 @@
-"""The expiring-certificate alert on real parts (issue 26): a real worker issues a
-real certificate through Pebble, a real Prometheus scrapes the worker's /metrics
-every second and evaluates the shipped rules, and its API shows the alert firing.
+"""Alerts on real parts (issue 26): a real worker issues a real certificate
+through Pebble, a real Prometheus scrapes the worker's /metrics every second and
+evaluates the shipped rules, and its API shows the expiring-certificate alert
+firing; a run of a retired design on the same worker fires the workflow-task one.
 
 The worker runs with ``CERTFLOW_EXPIRING_SOON_DAYS`` beyond the lifetime of any
 certificate Pebble issues, so the certificate it has just issued — ACTIVE, no
@@ -27,7 +28,13 @@ import pytest
 
 from devstack import servers
 from devstack.prometheus import PrometheusServer, scrape_config, start_prometheus
+from temporalio.client import WorkflowHandle
+
+from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
+from certflow.hostnames import as_hostname
+from certflow.workflow_payloads import CertificateInput
 from tests.e2e.fault_fixtures import Stack, build_stack, connect_client, wait_for
+from workflows.patches import FEWER_ROUND_TRIPS_DESIGN
 
 pytestmark = pytest.mark.e2e
 
@@ -125,4 +132,47 @@ async def test_an_expiring_certificate_fires_its_alert(alert_stack: Stack, tmp_p
         print(prometheus.log.read_text(errors="replace")[-3000:])
         raise
     finally:
+        prometheus.stop()
+
+
+async def test_a_run_of_a_retired_design_fires_the_workflow_task_alert(alert_stack: Stack, tmp_path: Path) -> None:
+    """A Certificate run of design 2 (retired: a client of an old release started
+    it) fails its workflow task on this worker with RetiredDesign, and the
+    SDK's failure counter, scraped under the name the rule reads, fires
+    CertflowWorkflowTaskFailing for its workflow type and task queue.
+
+    Checked: with the rule reading ``temporal_workflow_task_failed`` (not a name
+    the SDK exports) the alert never fired within its 60 s; restored."""
+    alert = "CertflowWorkflowTaskFailing"
+    rules = tmp_path / "certflow-rules.yml"
+    rules.write_text(without_hold(RULES.read_text(), alert))
+    target = alert_stack.env["CERTFLOW_METRICS_LISTEN"]
+    prometheus = start_prometheus(tmp_path / "prometheus", scrape_config(rules, [target]))
+    client = await connect_client(alert_stack)
+    hostname = alert_stack.hostname("retired")
+    handle: WorkflowHandle[Any, Any] = await client.temporal.start_workflow(
+        CERTIFICATE_WORKFLOW,
+        CertificateInput(hostname=as_hostname(hostname), design=FEWER_ROUND_TRIPS_DESIGN),
+        id=workflow_id_for(hostname),
+        task_queue=alert_stack.task_queue,
+    )
+    try:
+
+        def firing() -> dict[str, Any] | None:
+            for found in prometheus.alerts():
+                labels = found["labels"]
+                if labels["alertname"] == alert and found["state"] == "firing":
+                    return found if labels.get("workflow_type") == "Certificate" else None
+            return None
+
+        fired = await _until(firing, 60, f"{alert} firing")
+        assert fired["labels"]["task_queue"] == alert_stack.task_queue
+        assert fired["labels"]["severity"] == "page"
+        assert fired["annotations"]["runbook"] == f"docs/operating.md#{alert.lower()}"
+    except BaseException:
+        print(prometheus.log.read_text(errors="replace")[-3000:])
+        raise
+    finally:
+        await handle.terminate("test over")
+        await client.close()
         prometheus.stop()
