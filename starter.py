@@ -9,8 +9,8 @@
     python starter.py rotate-keys | migrate
     python starter.py demo [--exit]
 
-Every command takes ``--json``. ``CertflowClient`` (certflow/client.py) is the
-same as a library; the command line is certflow/cli.py (installed as the
+Every command takes ``--json``. ``CertflowClient`` (certflow/product/client.py) is the
+same as a library; the command line is certflow/product/cli.py (installed as the
 ``certflow`` command). ``demo`` runs from a checkout only: it is the dev harness's
 (devstack/demo.py), which no install carries.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from certflow.cli import exit_process, main
+from certflow.product.cli import exit_process, main
 
 
 def demo(argv: list[str]) -> int:

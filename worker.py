@@ -41,18 +41,18 @@ from activities.renewal_info import RenewalInfoSweep
 from activities.webhooks import Readiness, WebhookActivities
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.store.db import migrate
-from certflow.connections import open_postgres, open_temporal
+from certflow.connect.connections import open_postgres, open_temporal
 from certflow.errors import CaUnreachableError, ConfigError, ServiceUnreachableError
-from certflow.payload_codec import data_converter
-from certflow.temporal_config import load_temporal_connection
+from certflow.connect.payload_codec import data_converter
+from certflow.connect.temporal_config import load_temporal_connection
 from certflow.issuers import Issuer
-from certflow.logs import configure_logging
+from certflow.running.logs import configure_logging
 from certflow.metrics import CertflowMetrics, prometheus_runtime
-from certflow.tracing import configure_tracing
+from certflow.running.tracing import configure_tracing
 from certflow.edge.responder import ChallengeResponder, bind_listener, responder_server
-from certflow.settings import load_settings
-from certflow.worker_settings import Settings
-from certflow.schedules import install_reconcile_schedule, install_renewal_info_schedule
+from certflow.connect.settings import load_settings
+from certflow.running.worker_settings import Settings
+from certflow.running.schedules import install_reconcile_schedule, install_renewal_info_schedule
 from certflow.search import register_search_attributes
 import workflows
 from workflows.certificate import CertificateWorkflow

@@ -29,7 +29,7 @@ from certflow.activity_payloads import (
     WaitForOrderInput,
 )
 from certflow.store import attempts
-from certflow.tracing import step_span
+from certflow.running.tracing import step_span
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from certflow.activity_payloads import (
 from certflow.store import certificates
 from certflow.store import challenges
 from certflow.store import requests
-from certflow.tracing import step_span
+from certflow.running.tracing import step_span
 
 VISIBLE_WITHIN_SECONDS = 30.0
 """How long publish_dns01 waits for every authoritative server to answer the TXT

@@ -29,7 +29,7 @@ from certflow.hostnames import is_wildcard
 from certflow.models import ValidationMethod
 from certflow.workflow_payloads import DomainCheck, DomainCheckInput, DomainCheckReport
 from certflow.activity_payloads import Http01CheckInput
-from certflow.tracing import step_span
+from certflow.running.tracing import step_span
 
 class PreflightActivities:
     """The HTTP-01 self-check before accept, and the whole check of a domain."""

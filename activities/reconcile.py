@@ -27,7 +27,7 @@ from certflow.store import reconcile
 from certflow.store.reconcile import ReconcileRow
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.hostnames import Hostname, InvalidHostnameError, normalize_hostname
-from certflow.starts import certificate_input
+from certflow.product.starts import certificate_input
 from certflow.workflow_payloads import ReconcileInput, ReconcileResult
 
 PAGE = 500

@@ -17,8 +17,8 @@ import asyncpg
 from bench import procstat
 from bench.stack import Stack, start_temporal, temporal_pid, worker_pid
 from devstack import servers
-from certflow.settings import ClientSettings
-from certflow.client import CertflowClient
+from certflow.connect.settings import ClientSettings
+from certflow.product.client import CertflowClient
 
 CNAME_TARGET = "edge.bench.test"
 

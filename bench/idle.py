@@ -28,7 +28,7 @@ from bench.stack import Stack
 from bench.temporal_util import fetch_runs, summarize, wait_quiet
 from certflow.crypto import EncryptionKey
 from certflow.contract import reconcile_schedule_id, workflow_id_for
-from certflow.worker_settings import Settings
+from certflow.running.worker_settings import Settings
 
 SETTLE_SECONDS = 15.0
 STATS_FLUSH_SECONDS = 11.0

@@ -17,7 +17,7 @@ from typing import Any
 
 from activities.renewal_info import PAGE as ARI_PAGE
 from bench.actions import ACTION_KINDS, HEARTBEAT
-from certflow.worker_settings import Settings
+from certflow.running.worker_settings import Settings
 
 SWEEP_SECONDS = float(Settings.model_fields["renewal_info_sweep_seconds"].default)
 RECONCILE_SECONDS = float(Settings.model_fields["reconcile_interval_seconds"].default)

@@ -13,13 +13,19 @@ that runs them — in five layers, each importing only from the layers before it
 3. the protocols the worker speaks and what it records: ``acme/`` (the CA),
    ``dns/`` (what the CA will see), ``store/`` (Postgres), ``metrics``, and
    ``edge/`` (the HTTP-01 responder, TLS serving, keeping an edge current);
-4. running: ``settings`` and ``worker_settings`` (a client's, the worker's),
-   ``temporal_config`` and ``connections`` (reaching Temporal and Postgres),
-   ``payload_codec``, ``logs``, ``tracing``, ``schedules``, ``starts``,
-   ``edge/settings``;
-5. entry points: ``client`` (``CertflowClient``), ``cli`` and ``commands`` (the
-   ``certflow`` command), ``tables``, ``domain_checks``, ``codec_server``,
-   ``edge/process`` (``certflow edge``).
+4. running: ``connect/`` (reaching Temporal and Postgres from either side: a
+   client's ``settings``, ``temporal_config``, ``payload_codec``,
+   ``connections``), ``running/`` (a worker's: ``worker_settings``, ``logs``,
+   ``tracing``, ``schedules``), ``product/starts`` (how certflow starts a
+   workflow) and ``edge/settings``;
+5. entry points: ``product/`` (``client``, ``CertflowClient``; ``cli`` and
+   ``commands``, the ``certflow`` command, with its ``tables``; ``domain_checks``;
+   ``codec_server``) and ``edge/process`` (``certflow edge``).
+
+What both sides share sits at the top (layers 1 and 2, and ``metrics``); each
+folder is one wing: ``acme/``, ``dns/``, ``store/`` and ``edge/`` the protocols,
+``connect/`` reaching the servers, ``running/`` a worker, ``product/`` what the
+product and operators call.
 
 The activities (``activities``) import certflow; the workflows (``workflows``)
 import both; nothing in certflow imports either. The local dev harness is

@@ -2,7 +2,7 @@
 
 Every hostname that reaches the database, DNS or the CA goes through
 :func:`normalize_hostname` once, at the edge where it enters (the command line,
-:class:`~certflow.client.CertflowClient`, reconcile for rows a product inserted
+:class:`~certflow.product.client.CertflowClient`, reconcile for rows a product inserted
 by SQL, ``ensure_certificate`` for a workflow a backend started itself), and is a
 :class:`Hostname` from then on: the layers below take that type and trust it.
 """

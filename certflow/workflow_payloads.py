@@ -44,7 +44,7 @@ class CertificateInput(Frozen):
     """Set by certflow itself on the continue-as-new after an issuance: the new run
     starts from ``carried`` and this policy without reading the row again."""
     design: int | None = None
-    """Set by certflow itself, at its starts (certflow/starts.py) and on
+    """Set by certflow itself, at its starts (certflow/product/starts.py) and on
     continue-as-new: the design the workflow's runs follow (workflows/patches.py);
     None: decided by the first run (a start by other code)."""
     requested: CertificateRecord | None = None

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from devstack import servers
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 
 DEMO_HOSTNAMES = ("shop.customer-one.test", "trust.customer-two.test", "www.customer-three.test")
 DEMO_CNAME_TARGET = "custom.certflow-demo.test"
@@ -58,8 +58,8 @@ def client_exports(env: dict[str, str]) -> str:
 
 def run_demo(*, keep_running: bool = True) -> int:
     """Run the demo; returns the process exit code (0 when all three are ACTIVE)."""
-    from certflow.client import CertflowClient
-    from certflow.tables import print_table
+    from certflow.product.client import CertflowClient
+    from certflow.product.tables import print_table
 
     workdir = Path(tempfile.mkdtemp(prefix="certflow-demo-"))
     stopping: list[object] = []

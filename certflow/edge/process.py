@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 from temporalio.common import MetricMeter
 
-from certflow.connections import DATABASE_SETTING, open_postgres, redact_url
+from certflow.connect.connections import DATABASE_SETTING, open_postgres, redact_url
 from certflow.crypto import EncryptionKey
 from certflow.edge.files import FileTarget
 from certflow.edge.maintain import BACKOFF, EdgeFollower, EdgeTarget

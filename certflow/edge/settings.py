@@ -9,7 +9,7 @@ import socket
 from pydantic import SecretStr, field_validator, model_validator
 
 from certflow.hostnames import parse_host_port
-from certflow.settings import KeySettings
+from certflow.connect.settings import KeySettings
 
 
 class EdgeSettings(KeySettings):

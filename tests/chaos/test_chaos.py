@@ -85,8 +85,8 @@ from certflow.crypto import PrivateKey, load_private_key, public_key_matches
 from devstack import servers
 from devstack.faultproxy import Endpoint, Fault, Forwarded
 from certflow.workflow_payloads import CertificateState
-from certflow.settings import ClientSettings
-from certflow.client import CertflowClient
+from certflow.connect.settings import ClientSettings
+from certflow.product.client import CertflowClient
 from tests.chaos.conftest import CNAME_TARGET, MANAGED_BASE_DOMAIN, ChaosStack
 from tests.e2e.fault_fixtures import activity_history
 from tests.leaks import all_leaks, key_needles

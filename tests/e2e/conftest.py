@@ -30,8 +30,8 @@ from certflow.crypto import EncryptionKey
 from certflow.store.db import create_pool, migrate
 from certflow.activity_payloads import OpenedOrder
 from certflow.contract import reconcile_schedule_id
-from certflow.settings import ClientSettings
-from certflow.client import CertflowClient
+from certflow.connect.settings import ClientSettings
+from certflow.product.client import CertflowClient
 from certflow.hostnames import Hostname, as_hostname
 
 CNAME_TARGET = "edge.saas.test"

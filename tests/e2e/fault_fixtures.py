@@ -45,8 +45,8 @@ from temporalio.api.enums.v1 import EventType
 
 from devstack import servers
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded, start_fault_proxy
-from certflow.settings import ClientSettings
-from certflow.client import CertflowClient
+from certflow.connect.settings import ClientSettings
+from certflow.product.client import CertflowClient
 from certflow.workflow_payloads import CertificateState
 
 ROOT = Path(__file__).resolve().parents[2]

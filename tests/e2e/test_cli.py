@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.store import cooldowns
 from certflow.workflow_payloads import CertificateInput

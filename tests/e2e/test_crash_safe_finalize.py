@@ -57,7 +57,7 @@ from certflow.activity_payloads import (
 from certflow.errors import ErrorCode
 from certflow.crypto import KeyType
 from workflows.steps import SHORT_FAULT_RETRY
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from tests.e2e.conftest import Deployment, reconcile_schedule_paused
 
 pytestmark = pytest.mark.e2e

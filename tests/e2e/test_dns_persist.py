@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates
 from certflow.models import RequestedMethod

@@ -29,7 +29,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.crypto import EncryptionKey
 from certflow.dns.dns01 import delegation_label
 from certflow.edge.serving import SniCertificates
@@ -595,7 +595,7 @@ async def test_status_of_a_pending_hostname_says_what_to_add(
     place) lists each method with the exact record to add; once the delegation is
     added it is ACTIVE over dns-01 and lists none.
 
-    Shown red: with ``methods=True`` dropped from ``status`` in certflow/commands.py,
+    Shown red: with ``methods=True`` dropped from ``status`` in certflow/product/commands.py,
     ``methods`` was null and the first assertion failed."""
     hostname = stack.customer("pending")
     await client.request([hostname])

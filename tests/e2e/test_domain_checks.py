@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from certflow.client import CertflowClient
-from certflow.domain_checks import recent_check, shared_check_id
+from certflow.product.client import CertflowClient
+from certflow.product.domain_checks import recent_check, shared_check_id
 from tests.e2e.conftest import Deployment
 from tests.e2e.fault_fixtures import wait_for
 

@@ -29,7 +29,7 @@ import asyncpg
 import pytest
 from cryptography import x509
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.models import Phase
 from devstack import caddy as devcaddy
 from devstack.servers import _tcp_open, free_port

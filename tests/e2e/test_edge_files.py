@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 from cryptography import x509
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.models import Phase
 from devstack import nginx as devnginx
 from devstack.pki import self_signed

@@ -25,7 +25,7 @@ import asyncpg
 import pytest
 from cryptography import x509
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.edge.haproxy import RuntimeApi
 from certflow.models import Phase
 from devstack import haproxy as devhaproxy

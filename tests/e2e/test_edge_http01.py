@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.hostnames import as_hostname
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 from devstack import caddy as devcaddy
 from devstack import haproxy as devhaproxy
 from devstack import nginx as devnginx

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from tests.e2e.conftest import Deployment
 
 pytestmark = pytest.mark.e2e

@@ -29,7 +29,7 @@ from certflow.acme.exchange import FAST_POLL_FIRST
 from certflow.store import cooldowns
 from devstack import servers
 from devstack.faultproxy import Arriving, Endpoint, Fault, FaultProxy, Forwarded
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.errors import ActionRejectedError
 from certflow.workflow_payloads import CertificateState
 from tests.e2e.fault_fixtures import (

@@ -39,7 +39,7 @@ from certflow.store import certificates
 from certflow.hostnames import Hostname, InvalidHostnameError
 from certflow.workflow_payloads import CertificateInput
 from certflow.edge.responder import REQUEST_RECEIPT_SECONDS
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from tests.e2e.conftest import (
     Deployment,
     plant_challenge,

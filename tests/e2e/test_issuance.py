@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 
 from certflow.crypto import PrivateKey, load_private_key, public_key_matches
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.contract import reconcile_schedule_id
 from devstack import servers
 from tests.e2e.conftest import Deployment

@@ -39,13 +39,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from devstack import realdns, servers
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, Forwarded, start_fault_proxy
 from devstack.realdns import RealDns
 from certflow.models import CertificateStatus
 from certflow.workflow_payloads import CertificateState
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
 
 pytestmark = pytest.mark.e2e

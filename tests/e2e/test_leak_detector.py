@@ -73,7 +73,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from devstack import servers
-from certflow.logs import JsonFormatter
+from certflow.running.logs import JsonFormatter
 from tests.leaks import Findings, key_needles, log_leaks, scan_bytes, table_leaks, workflow_leaks
 from tests.conftest import LEAK_LAB_NAMESPACE
 

@@ -41,8 +41,8 @@ from certflow.store.db import create_pool
 from devstack.faultproxy import Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.workflow_payloads import CertificateState
 from certflow.edge.serving import SniCertificates
-from certflow.settings import ClientSettings
-from certflow.client import CertflowClient
+from certflow.connect.settings import ClientSettings
+from certflow.product.client import CertflowClient
 from certflow.hostnames import normalize_hostname
 from certflow.workflow_payloads import CertificateState
 from temporalio.service import RPCError

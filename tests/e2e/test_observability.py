@@ -22,7 +22,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowHistory
 
 from certflow.store import cooldowns
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.crypto import EncryptionKey
 from devstack import servers
 from certflow.models import LimitScope
@@ -166,9 +166,9 @@ async def test_a_worker_at_debug_writes_no_key_material_to_its_log(
     """The worker at ``CERTFLOW_LOG_LEVEL=DEBUG`` issues a certificate: its log holds
     no part of the certificate's key nor of the ACME account key, in any encoding
     searched, and no ``PRIVATE KEY`` text. The acme library logs whole JWS payloads
-    and responses at DEBUG; certflow/logs.py caps its logger at INFO.
+    and responses at DEBUG; certflow/running/logs.py caps its logger at INFO.
 
-    Checked: with that cap removed from certflow/logs.py the test failed, on the last
+    Checked: with that cap removed from certflow/running/logs.py the test failed, on the last
     assertion (47 acme DEBUG lines: requests, JWS payloads, responses, nonces); restored.
     The key-material search itself still passed uncapped: no private key travels
     through what acme logs (finalize sends a CSR, new-account the public JWK), so the

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.errors import HostnameOwnedError
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.contract import workflow_id_for
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from devstack import servers

@@ -32,7 +32,7 @@ import asyncpg
 import pytest
 from cryptography import x509
 
-from certflow.connections import open_postgres, redact_url
+from certflow.connect.connections import open_postgres, redact_url
 from certflow.crypto import EncryptionKey
 from certflow.edge.serving import SniCertificates
 from devstack import servers

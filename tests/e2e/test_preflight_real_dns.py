@@ -71,7 +71,7 @@ import asyncpg
 import pytest
 from cryptography import x509
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.contract import DOMAIN_CHECK_WORKFLOW
 from devstack import realdns, servers
 from devstack.faultproxy import Arriving, Endpoint, FaultProxy, Forwarded, start_fault_proxy
@@ -80,7 +80,7 @@ from tests.history_events import activities_run
 from certflow.errors import ErrorCode
 from certflow.models import CertificateStatus, Phase
 from certflow.workflow_payloads import CertificateState
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 from tests.e2e.fault_fixtures import HttpAnswerer, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from devstack import servers
 from devstack.faultproxy import (
     CERTIFICATES_PER_DOMAIN,

@@ -27,13 +27,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.store.db import create_pool
 from devstack import servers
 from devstack.faultproxy import Arriving, Endpoint, Fault, FaultProxy, start_fault_proxy
 from certflow.models import CertificateStatus
 from certflow.workflow_payloads import CertificateState
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 from tests.e2e.fault_fixtures import wait_for
 
 pytestmark = pytest.mark.e2e

@@ -255,7 +255,7 @@ import asyncpg  # noqa: E402 (the generator above must not need these)
 import pytest  # noqa: E402
 
 from certflow.store import certificates  # noqa: E402
-from certflow.client import CertflowClient  # noqa: E402
+from certflow.product.client import CertflowClient  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     Deployment,
     plant_challenge,

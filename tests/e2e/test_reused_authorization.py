@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.models import RequestedMethod
 from devstack import servers
 from devstack.dns01zone import start_dns01_servers

@@ -1,4 +1,4 @@
-"""How certflow starts a Certificate workflow (certflow/starts.py), on the real
+"""How certflow starts a Certificate workflow (certflow/product/starts.py), on the real
 Temporal dev server: with the design it asks for and the search attributes of a
 requested row, and without the attributes on a namespace that has not registered
 them (the worker could not register them either: its workflows run without).
@@ -23,7 +23,7 @@ from certflow import search
 from certflow.contract import CERTIFICATE_DESIGN, workflow_id_for
 from certflow.hostnames import as_hostname
 from certflow.search import register_search_attributes
-from certflow.starts import CertificateStarts
+from certflow.product.starts import CertificateStarts
 from certflow.workflow_payloads import CertificateInput
 from devstack import servers
 from tests.conftest import LEAK_LAB_NAMESPACE

@@ -1,7 +1,7 @@
 """Traces. Step spans with the original's attributes, recorded by an in-memory
 exporter while the real activities run in this process against Pebble and
 challtestsrv; and the worker process as it configures tracing itself
-(``CERTFLOW_OTLP_ENDPOINT``: certflow.tracing's OTLP/HTTP exporter plus Temporal's
+(``CERTFLOW_OTLP_ENDPOINT``: certflow.running.tracing's OTLP/HTTP exporter plus Temporal's
 ``TracingInterceptor``), its spans received by a collector stand-in on loopback."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from certflow.activity_payloads import (
     WaitForOrderInput,
 )
 from certflow.crypto import KeyType
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from tests.e2e.conftest import CNAME_TARGET, Deployment, reconcile_schedule_paused
 from tests.e2e.fault_fixtures import (
     ObservedStack,

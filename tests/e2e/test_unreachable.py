@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from certflow.commands import COMMANDS
-from certflow.client import CertflowClient
-from certflow.connections import redact_url
+from certflow.product.commands import COMMANDS
+from certflow.product.client import CertflowClient
+from certflow.connect.connections import redact_url
 from certflow.errors import CertflowError, ServiceUnreachableError
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 
 pytestmark = pytest.mark.e2e
 

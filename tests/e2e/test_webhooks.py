@@ -12,7 +12,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 
 from activities.webhooks import SIGNATURE_HEADER, verify
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.contract import webhook_workflow_id
 from devstack import servers
 from tests.e2e.conftest import CNAME_TARGET, WEBHOOK_SECRET, Deployment, WebhookAttempt, WebhookReceiver

@@ -35,7 +35,7 @@ import asyncpg
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from certflow.client import CertflowClient
+from certflow.product.client import CertflowClient
 from certflow.crypto import EncryptionKey, load_private_key, public_key_matches
 from devstack.faultproxy import Endpoint, FaultProxy, Forwarded
 from certflow.workflow_payloads import CertificateState

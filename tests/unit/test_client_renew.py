@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from certflow import client as client_module
-from certflow.client import CertflowClient
+from certflow.product import client as client_module
+from certflow.product.client import CertflowClient
 from certflow.errors import ActionRejectedError
 from certflow.store import requests
 from certflow.models import CertificateStatus, Phase

@@ -18,9 +18,9 @@ import pytest
 from google.protobuf import json_format
 from temporalio.api.common.v1 import Payload
 
-from certflow.codec_server import codec_server
-from certflow.payload_codec import EncryptionCodec
-from certflow.settings import CodecServerSettings, load_settings
+from certflow.product.codec_server import codec_server
+from certflow.connect.payload_codec import EncryptionCodec
+from certflow.connect.settings import CodecServerSettings, load_settings
 from devstack.servers import free_port
 from devstack.temporal_tls import TemporalPki, write_temporal_pki
 

@@ -82,9 +82,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("payloads", ["workflow_payloads", "activity_payloads"]),
     ("protocols", ["acme", "dns", "store", "metrics", "edge.responder", "edge.serving", "edge.maintain",
                    "edge.files", "edge.haproxy", "edge.caddy", "edge.monitor", "edge.probe"]),
-    ("running", ["settings", "worker_settings", "temporal_config", "connections", "payload_codec", "logs",
-                 "tracing", "schedules", "starts", "edge.settings"]),
-    ("entry points", ["client", "cli", "commands", "codec_server", "domain_checks", "tables", "edge.process"]),
+    ("running", ["connect", "running", "product.starts", "edge.settings"]),
+    ("entry points", ["product", "edge.process"]),
 ]
 """certflow's layers, lowest first, as its package docstring states them."""
 
@@ -104,7 +103,7 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
     """Imports run one way: foundations ← payloads ← protocols ← running ← entry
     points, and certflow never imports ``activities`` or ``workflows`` (nor
     activities workflows). Every module of certflow/ has a layer. Red when one
-    reaches up (shown: ``parse_host_port`` imported from certflow.settings by
+    reaches up (shown: ``parse_host_port`` imported from certflow.connect.settings by
     certflow/edge/caddy.py, as it was written), or a new module has no layer."""
     modules = {_module(path) for path in (ROOT / "certflow").rglob("*.py")}
     upward, homeless = [], []

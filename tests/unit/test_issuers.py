@@ -12,8 +12,8 @@ import pytest
 
 from certflow.errors import ConfigError
 from certflow.issuers import DEFAULT_ISSUER, Issuers
-from certflow.settings import load_settings
-from certflow.worker_settings import Settings
+from certflow.connect.settings import load_settings
+from certflow.running.worker_settings import Settings
 
 MAC_KEY = base64.urlsafe_b64encode(b"k" * 32).rstrip(b"=").decode()
 LETSENCRYPT = {

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from temporalio.api.common.v1 import Payload
 
-from certflow.codec_server import CodecServer
+from certflow.product.codec_server import CodecServer
 from certflow.errors import ConfigError
 from certflow.hostnames import as_hostname
-from certflow.payload_codec import ENCODING, KEY_ID, EncryptionCodec, PayloadKeyError, data_converter
-from certflow.settings import ClientSettings, CodecServerSettings, load_settings, parse_payload_key
+from certflow.connect.payload_codec import ENCODING, KEY_ID, EncryptionCodec, PayloadKeyError, data_converter
+from certflow.connect.settings import ClientSettings, CodecServerSettings, load_settings, parse_payload_key
 from certflow.workflow_payloads import CertificateInput
 
 KEY = bytes(range(32))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from certflow.errors import ConfigError
-from certflow.settings import ClientSettings, load_settings
-from certflow.temporal_config import load_temporal_connection
+from certflow.connect.settings import ClientSettings, load_settings
+from certflow.connect.temporal_config import load_temporal_connection
 from certflow.crypto import KeyType
-from certflow.worker_settings import Settings
+from certflow.running.worker_settings import Settings
 
 GOOD = {
     "CERTFLOW_DATABASE_URL": "postgresql://postgres@127.0.0.1/certflow",

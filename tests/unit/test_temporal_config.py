@@ -2,7 +2,7 @@
 TEMPORAL_*), overridden by CERTFLOW_TEMPORAL_*, and every mistake that needs no
 network is one ConfigError naming the setting that holds the value.
 
-Each refusal test goes red when its check in certflow/temporal_config.py is
+Each refusal test goes red when its check in certflow/connect/temporal_config.py is
 removed (checked once: with ``_check_client_pair``'s comparison taken out, the
 mismatched-key test fails)."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from certflow.errors import ConfigError
-from certflow.settings import ClientSettings, load_settings
-from certflow.temporal_config import load_temporal_connection
+from certflow.connect.settings import ClientSettings, load_settings
+from certflow.connect.temporal_config import load_temporal_connection
 from devstack.servers import write_tls_files
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from temporalio.service import TLSConfig
 
-from certflow.connections import _temporal_reason
-from certflow.temporal_config import TemporalConnection
+from certflow.connect.connections import _temporal_reason
+from certflow.connect.temporal_config import TemporalConnection
 
 AFTER = "Failed client connect: `get_system_info` call error after connection: "
 CONNECT = "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: InvalidData, error: "

@@ -17,8 +17,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from certflow.payload_codec import ENCODING, data_converter
-from certflow.settings import PayloadSettings
+from certflow.connect.payload_codec import ENCODING, data_converter
+from certflow.connect.settings import PayloadSettings
 from certflow.workflow_payloads import CertificateInput
 from tests.history_payloads import encodings, readable_payloads
 from workflows.certificate import CertificateWorkflow

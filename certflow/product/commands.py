@@ -1,7 +1,7 @@
 """The command line's commands: one function per command, one dispatch table, and
-``run``, which runs one with the exit codes certflow/cli.py documents.
+``run``, which runs one with the exit codes certflow/product/cli.py documents.
 
-Imported by certflow/cli.py only after the arguments were validated, so that a
+Imported by certflow/product/cli.py only after the arguments were validated, so that a
 bad hostname is refused before any of this (the Temporal client, pydantic
 models, Postgres) is even imported.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from certflow.client import CertflowClient
-from certflow.connections import open_postgres
+from certflow.product.client import CertflowClient
+from certflow.connect.connections import open_postgres
 from certflow.contract import CERTIFICATE_WORKFLOW, workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejectedError
@@ -28,11 +28,11 @@ from certflow.models import CertificateStatus, LimitScope, MethodReadiness, Phas
 from certflow.workflow_payloads import CertificateState
 from certflow.edge.probe import edge_serving
 from certflow.edge.responder import bind_listener
-from certflow.payload_codec import PayloadKeyError
-from certflow.settings import ClientSettings, CodecServerSettings, KeySettings, load_settings
+from certflow.connect.payload_codec import PayloadKeyError
+from certflow.connect.settings import ClientSettings, CodecServerSettings, KeySettings, load_settings
 from certflow.store.db import migrate
 from certflow.store.rotation import rotate_keys
-from certflow.tables import print_table
+from certflow.product.tables import print_table
 
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -288,7 +288,7 @@ async def migrate_(args: argparse.Namespace) -> int:
 
 async def codec_server_(args: argparse.Namespace) -> int:
     """Serve Temporal's /decode and /encode until SIGINT or SIGTERM."""
-    from certflow.codec_server import codec_server
+    from certflow.product.codec_server import codec_server
 
     overrides = {"codec_listen": args.listen} if args.listen else {}
     settings = load_settings(CodecServerSettings, **overrides)
@@ -307,7 +307,7 @@ async def codec_server_(args: argparse.Namespace) -> int:
 async def edge_(args: argparse.Namespace) -> int:
     """Keep an edge holding exactly the current certificates, until SIGTERM or SIGINT."""
     from certflow.edge.process import run_edge
-    from certflow.logs import configure_logging
+    from certflow.running.logs import configure_logging
     from certflow.edge.settings import EdgeSettings
 
     overrides = {
@@ -316,7 +316,7 @@ async def edge_(args: argparse.Namespace) -> int:
         "edge_listen": args.listen,
     }
     settings = load_settings(EdgeSettings, **{k: v for k, v in overrides.items() if v is not None})
-    configure_logging()  # JSON lines, as the worker's (certflow/logs.py keeps key material out)
+    configure_logging()  # JSON lines, as the worker's (certflow/running/logs.py keeps key material out)
     return await run_edge(settings)
 
 

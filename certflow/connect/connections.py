@@ -25,7 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from certflow.errors import ServiceUnreachableError
 from certflow.store.db import create_pool
-from certflow.temporal_config import TemporalConnection
+from certflow.connect.temporal_config import TemporalConnection
 
 CONNECT_TIMEOUT_SECONDS = 8.0
 """Per service: a CLI command that reaches neither still ends well inside 10 s of

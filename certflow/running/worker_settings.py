@@ -2,7 +2,7 @@
 the provisioning policy handed to workflows, pacing toward the CA, webhooks,
 dns-01, logs and metrics.
 
-It extends the client's settings (certflow/settings.py, which also loads it) and
+It extends the client's settings (certflow/connect/settings.py, which also loads it) and
 needs what validates its values — issuers, DNS zones, reserved addresses — that a
 client never imports.
 """
@@ -22,7 +22,7 @@ from certflow.dns.reserved import AddressPolicy
 from certflow.hostnames import InvalidHostnameError, normalize_hostname
 from certflow.issuers import DEFAULT_ISSUER, Issuer, Issuers, parse_issuers, readable_ca_bundle
 from certflow.hostnames import parse_host_port
-from certflow.settings import KeySettings
+from certflow.connect.settings import KeySettings
 from certflow.workflow_payloads import ProvisioningPolicy
 
 

@@ -23,7 +23,7 @@ from temporalio.envconfig import ClientConfigProfile, DataSource
 from temporalio.service import TLSConfig
 
 from certflow.errors import ConfigError
-from certflow.settings import ClientSettings
+from certflow.connect.settings import ClientSettings
 
 DEFAULT_ADDRESS = "localhost:7233"
 DEFAULT_NAMESPACE = "default"

@@ -29,10 +29,10 @@ from certflow.store import cooldowns, requests
 from certflow.contract import (
     CERTIFICATE_WORKFLOW, RECONCILE_WORKFLOW, reconcile_schedule_id, workflow_id_for,
 )
-from certflow.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
-from certflow.domain_checks import check_now, recent_check
-from certflow.payload_codec import data_converter
-from certflow.temporal_config import load_temporal_connection
+from certflow.connect.connections import CONNECT_TIMEOUT_SECONDS, open_postgres, open_temporal
+from certflow.product.domain_checks import check_now, recent_check
+from certflow.connect.payload_codec import data_converter
+from certflow.connect.temporal_config import load_temporal_connection
 from certflow.hostnames import (
     Hostname, InvalidHostnameError, as_hostname, is_wildcard, normalize_hostname, normalize_tenant_id
 )
@@ -48,9 +48,9 @@ from certflow.workflow_payloads import (
     ReconcileInput,
     ReconcileResult,
 )
-from certflow.schedules import install_reconcile_schedule
-from certflow.starts import CertificateStarts, certificate_input
-from certflow.settings import ClientSettings
+from certflow.running.schedules import install_reconcile_schedule
+from certflow.product.starts import CertificateStarts, certificate_input
+from certflow.connect.settings import ClientSettings
 from certflow.errors import ActionRejectedError, HostnameOwnedError
 
 START_CONCURRENCY = 16
@@ -170,7 +170,7 @@ class CertflowClient:
         """The row, with the running workflow's phase and next attempt; None when
         there is no row for the hostname. With ``methods``, a PENDING certificate also
         gets each validation method's readiness and the record to add (a ``check``
-        run now, or shared: certflow/domain_checks.py): what a product shows next to
+        run now, or shared: certflow/product/domain_checks.py): what a product shows next to
         its "verify" button. Calls for one hostname share a check in flight or one
         finished within a minute, so a page that polls starts about one a minute."""
         hostname = as_hostname(hostname)

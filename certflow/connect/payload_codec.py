@@ -29,7 +29,7 @@ from temporalio.converter import (
 )
 
 from certflow.errors import CertflowError
-from certflow.settings import PayloadSettings
+from certflow.connect.settings import PayloadSettings
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"

@@ -1,6 +1,6 @@
 """``certflow codec-server``: Temporal's remote codec protocol over HTTP, so that the
 Web UI (its "Codec Server" setting) and ``temporal workflow show
---codec-endpoint`` show the payloads certflow encrypts (certflow/payload_codec.py).
+--codec-endpoint`` show the payloads certflow encrypts (certflow/connect/payload_codec.py).
 
 ``POST /decode`` and ``POST /encode`` take and answer ``{"payloads": [...]}``,
 each payload in protobuf's JSON form. Only operators decode: every POST needs
@@ -25,9 +25,9 @@ from google.protobuf import json_format
 from temporalio.api.common.v1 import Payloads
 
 from certflow.errors import ConfigError
-from certflow.payload_codec import EncryptionCodec, PayloadKeyError
+from certflow.connect.payload_codec import EncryptionCodec, PayloadKeyError
 from certflow.hostnames import parse_host_port
-from certflow.settings import CodecServerSettings
+from certflow.connect.settings import CodecServerSettings
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

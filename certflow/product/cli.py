@@ -1,12 +1,12 @@
 """The ``starter.py`` command line (installed as ``certflow``): parsing, and the
 checks that need nothing but the arguments; the commands are in
-certflow/commands.py.
+certflow/product/commands.py.
 
 Every command prints plain lines, or with ``--json`` one JSON document; exit 0
 on success, 1 when the request was refused or not met, 2 for bad input or
 settings (one line on stderr, before anything connects anywhere) and for a
 Postgres or Temporal it cannot reach (one line naming the address and the
-setting, within certflow.connections' bound).
+setting, within certflow.connect.connections' bound).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Imported only now: a bad hostname is refused in a third of the time, before
     # the Temporal client is even loaded.
-    from certflow.commands import run
+    from certflow.product.commands import run
 
     return run(args)
 

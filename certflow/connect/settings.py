@@ -1,7 +1,7 @@
 """Settings from ``CERTFLOW_*`` environment variables: what a client of certflow
 reads (``ClientSettings``, ``KeySettings``), and how any settings are loaded.
 
-The worker's (``Settings``) extend these in certflow/worker_settings.py, so that
+The worker's (``Settings``) extend these in certflow/running/worker_settings.py, so that
 a client loads none of what validates them. A missing or malformed setting stops
 the process at start with one line that names the variable
 (:func:`load_settings` raises :class:`ConfigError`).
@@ -37,7 +37,7 @@ def decode_encryption_key(value: str) -> bytes:
 
 
 class PayloadSettings(BaseSettings):
-    """What encrypts Temporal payloads (certflow/payload_codec.py): every process
+    """What encrypts Temporal payloads (certflow/connect/payload_codec.py): every process
     that talks to Temporal, and the codec server, reads these."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
@@ -145,7 +145,7 @@ class ClientSettings(PayloadSettings):
 
     # Temporal: each of these overrides what Temporal's own client configuration
     # says (the profile file and TEMPORAL_* variables the temporal CLI reads; see
-    # certflow/temporal_config.py). Unset, that configuration decides.
+    # certflow/connect/temporal_config.py). Unset, that configuration decides.
     temporal_address: str | None = None
     temporal_namespace: str | None = None
     temporal_api_key: SecretStr | None = None

@@ -1,0 +1,4 @@
+"""The product-facing side: ``CertflowClient`` (``client``), the ``certflow`` command
+(``cli`` parses, ``commands`` runs, ``tables`` prints), the domain check the
+product runs before a request, how certflow starts a workflow (``starts``), and
+the codec server operators decode payloads with."""
