@@ -1,14 +1,12 @@
-"""What every phase of the Certificate workflow shares: the row as this run knows
-it and its writes, the phase, durable sleeps that signals cut short, the
-migration to the current design, and what the next run is handed. What the
-product sees of it (search attributes, details, webhooks) is ``publish``'s."""
+"""What every phase of the Certificate workflow shares: the phase, durable sleeps
+that signals cut short, the migration to the current design, giving up, and
+what the next run is handed. The row and its writes are ``rows``'s; what the
+product sees of a run (search attributes, details, webhooks) is ``publish``'s."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -17,9 +15,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.dns import DnsActivities
     from activities.records import RecordActivities
     from certflow.errors import ErrorCode
-    from certflow.models import CertificateRecord, CertificateStatus, RequestedMethod, Phase
+    from certflow.models import CertificateRecord, CertificateStatus, Phase
     from certflow.workflow_payloads import CarriedWaits, CertificateInput, CertificateState
-    from certflow.activity_payloads import Dns01ChallengeInput, EnsureCertificateInput, GiveUpInput
+    from certflow.activity_payloads import Dns01ChallengeInput, GiveUpInput
     from workflows.run_state import RunState, Stopped
     from workflows.patches import (
         CURRENT_DESIGN,
@@ -27,17 +25,15 @@ with workflow.unsafe.imports_passed_through():
         RUN_KEPT_AFTER_ISSUANCE_DESIGN,
         RUN_KEPT_BELOW_EVENTS,
     )
-    from workflows.steps import BEST_EFFORT, POSTGRES, POSTGRES_LOCAL, run, run_local
+    from workflows.steps import BEST_EFFORT, POSTGRES, run
 
-from workflows import publish
-
-S = TypeVar("S")
-A = TypeVar("A")
-R = TypeVar("R")
+from workflows import publish, rows
 
 
 class CertificateBase:
-    """The state and plumbing every phase uses; the phases are mixins of it."""
+    """The state and plumbing every phase uses; the phases are mixins of it, and
+    ``rows`` and ``publish`` its collaborators (functions of the run's state, which
+    a run replaces whole when it goes on after an issuance)."""
 
     _state: RunState
 
@@ -45,21 +41,6 @@ class CertificateBase:
     def _record(self) -> CertificateRecord:
         """The row as this run knows it (read at the start of every run)."""
         return self._state.record
-
-    def _set_record(self, record: CertificateRecord) -> None:
-        self._state.current = record
-        publish.show(self._state)
-
-    def _set_written(
-        self, row: CertificateRecord | None, before: CertificateRecord, **wrote: Any
-    ) -> CertificateRecord:
-        """The record after a guarded transition: the row it returned; without one
-        (histories from before transitions returned their row, or a transition that
-        found no row to write), ``before`` with what the transition wrote, as those
-        runs went on."""
-        record = row if row is not None else before.model_copy(update=wrote)
-        self._set_record(record)
-        return record
 
     def _enter(self, phase: Phase) -> None:
         self._state.phase = phase
@@ -79,40 +60,6 @@ class CertificateBase:
         if moment is not None and renewing and workflow.now() >= moment:
             self._state.warned_expiring = True
             await publish.notify(self._state, "expiring_soon")
-
-    @property
-    def _row_just_read(self) -> bool:
-        """The row was read in this workflow task: nothing waited since (any wait
-        ends the task, and the next one starts later)."""
-        return self._state.row_read_at == workflow.now()
-
-    async def _postgres(self, activity: Callable[[S, A], Awaitable[R]], arg: A) -> R:
-        """A step that only touches Postgres: local (a marker, no task of its own), a
-        regular activity when Postgres has not answered it within a minute."""
-        try:
-            return await run_local(POSTGRES_LOCAL, activity, arg)
-        except ActivityError:
-            workflow.logger.warning("Postgres did not answer a local step: retrying it as an activity")
-        return await run(POSTGRES, activity, arg)
-
-    async def _read_row(
-        self,
-        tenant_id: str | None,
-        method: RequestedMethod | None = None,
-        requested: CertificateRecord | None = None,
-    ) -> None:
-        """The row and the worker's policy, read (the row made if missing; a method
-        the workflow's input asked for becomes the row's); ``requested``, the row a
-        request has just written, is taken as read."""
-        ensured = await self._postgres(
-            RecordActivities.ensure_certificate,
-            EnsureCertificateInput(
-                hostname=self._state.hostname, tenant_id=tenant_id, method=method, requested=requested
-            ),
-        )
-        self._set_record(ensured.record)
-        self._state.policy = ensured.policy
-        self._state.row_read_at = workflow.now()
 
     def _next_run_input(
         self, *, carry_waits: bool = False, after_issuance: bool = False
@@ -165,7 +112,7 @@ class CertificateBase:
             GiveUpInput(certificate_id=record.certificate_id, status=status, code=code, message=message),
         )
         if given_up.applied:
-            self._set_written(
+            rows.set_written(self._state, 
                 given_up.row,
                 record,
                 status=status,

@@ -13,7 +13,7 @@ rate-limit cooldown.
 This file holds the loop and what the product and operators call (queries,
 signals, updates); each phase is a file of its own: ``obtain`` (one attempt),
 ``failures`` (after a failed one), ``renew``, ``stop``; ``base`` what they share,
-``publish`` what the product sees of a run, ``run_state`` the run's state in one
+``rows`` the row and its writes, ``publish`` what the product sees of a run, ``run_state`` the run's state in one
 record, ``patches`` the designs, every patch and bound.
 """
 
@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.dns import DnsActivities
     from workflows.steps import DNS, AttemptFailed, failure_of, run
 
-from workflows import publish
+from workflows import publish, rows
 from workflows.failures import FailureHandling
 from workflows.obtain import Obtaining
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, RENEW_NEXT_RUN_PATCH, design_of
@@ -64,7 +64,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
         # The run after an issuance starts from the row the last run stored: no read
         # until it renews (no patch: no run recorded before this carried a policy).
         if not self._state.after_issuance:
-            await self._read_row(input.tenant_id, input.method, input.requested)
+            await rows.read(self._state, input.tenant_id, input.method, input.requested)
         while True:
             record = self._record
             if self._state.stop is not None:
@@ -103,7 +103,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                         else Phase.DEPARTED
                     )
                 continue
-            self._set_written(
+            rows.set_written(self._state, 
                 issued.row,
                 self._record,
                 status=CertificateStatus.ACTIVE,
@@ -266,7 +266,7 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
         except ActivityError as err:  # refused: the caller reads why, nothing changed
             raise ApplicationError(failure_of(err).message, non_retryable=True) from None
         before = self._record.model_copy(update={"tenant_id": moved.from_tenant})
-        self._set_record(self._record.model_copy(update={"tenant_id": moved.record.tenant_id}))
+        rows.set_record(self._state, self._record.model_copy(update={"tenant_id": moved.record.tenant_id}))
         await publish.notify(self._state, "transferred", about=before)
         await publish.notify(self._state, "transferred")
         if self._record.status is CertificateStatus.ACTIVE:

@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         run,
     )
 
-from workflows import publish
+from workflows import publish, rows
 from workflows.base import CertificateBase
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN, LOST_WORKER_PATCH
 
@@ -72,7 +72,7 @@ class FailureHandling(CertificateBase):
             ),
         )
         applied, keep = recorded.applied, outcome.keep_order
-        self._set_written(
+        rows.set_written(self._state, 
             recorded.row,
             record,
             status=outcome.status,
@@ -142,7 +142,7 @@ class FailureHandling(CertificateBase):
             reread = await run(POSTGRES, RecordActivities.reload_record, record.certificate_id)
         except ActivityError:
             return False
-        self._set_record(reread)
+        rows.set_record(self._state, reread)
         if reread.status is CertificateStatus.ACTIVE:
             self._enter(Phase.ISSUED)
             await publish.notify(self._state, "renewed" if renewal else "issued")
@@ -261,5 +261,5 @@ class FailureHandling(CertificateBase):
             reopened = await run(POSTGRES, RecordActivities.reopen_failed, record.certificate_id)
         except ActivityError:
             return False  # the row is gone
-        self._set_record(reopened)
+        rows.set_record(self._state, reopened)
         return reopened.status is not CertificateStatus.FAILED

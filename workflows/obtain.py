@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         validate_order,
     )
 
+from workflows import rows
 from workflows.base import CertificateBase
 from workflows.patches import HISTORY_EVENTS_BEFORE_NEW_RUN
 
@@ -139,7 +140,7 @@ class Obtaining(CertificateBase):
         if not record.skips_dns:
             self._enter(Phase.CHECKING_DNS)
             row = None
-            if self._row_just_read:
+            if rows.just_read(self._state):
                 row = RowRequest(requested_method=record.requested_method, tenant_id=record.tenant_id)
             verdict = await run_local(
                 DNS, DnsActivities.check_dns, CheckDnsInput(hostname=record.hostname, row=row)
@@ -170,7 +171,7 @@ class Obtaining(CertificateBase):
         # is its outcome; else they show the order before the wait.
         self._state.attributes_held = validated is not None and validated.status in ISSUABLE
         renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-        record = self._set_written(
+        record = rows.set_written(self._state, 
             placed.row,
             record,
             order_url=placed.order_url,
@@ -268,8 +269,8 @@ class Obtaining(CertificateBase):
             )
         except ActivityError:
             try:
-                self._set_record(
-                    await self._postgres(RecordActivities.reload_record, order.certificate_id)
+                rows.set_record(self._state, 
+                    await rows.postgres(RecordActivities.reload_record, order.certificate_id)
                 )
             except ActivityError:
                 pass  # the row is gone: the failure's record finds that out

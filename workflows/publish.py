@@ -22,7 +22,7 @@ def show(state: RunState) -> None:
     """Show the state in the Temporal UI: search attributes (when the worker
     registered them) and the workflow's current details. Nothing secret.
 
-    Called after every change of the record or the phase (``CertificateBase._set_record``,
+    Called after every change of the record or the phase (``rows.set_record``,
     ``_enter``) and of the next wake-up. The attributes are upserted only when
     what they show changed; the first upsert of a run happens at its first
     change after the policy was read, and histories depend on that moment."""

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.steps import POSTGRES, run
 
+from workflows import rows
 from workflows.base import CertificateBase
 from workflows.patches import AT_ONCE_AGE, HISTORY_EVENTS_BEFORE_NEW_RUN
 
@@ -114,28 +115,28 @@ class Renewing(CertificateBase):
         if self._state.after_issuance:
             # Months after the carried row and policy were read: read both again, so
             # settings changed since (webhooks, backoffs) apply to this renewal.
-            await self._read_row(self._record.tenant_id)
+            await rows.read(self._state, self._record.tenant_id)
             if self._record.status is not CertificateStatus.ACTIVE:
                 return  # the row moved on (canceled by the product): the loop decides
         record = self._record
         self._state.renew_requested = False
         self._enter(Phase.RENEWING)
-        renewing = await self._postgres(RecordActivities.begin_renewal, record.certificate_id)
+        renewing = await rows.postgres(RecordActivities.begin_renewal, record.certificate_id)
         # RENEWING is shown only if the attempt waits or fails; a renewal the CA
         # grants at once shows ACTIVE next (one upsert).
         self._state.attributes_held = True
-        self._set_written(
+        rows.set_written(self._state, 
             renewing.row,
             record,
             status=CertificateStatus.RENEWING if renewing.applied else record.status,
         )
         self._state.attributes_held = False
         if not renewing.applied:
-            refreshed = await self._postgres(
+            refreshed = await rows.postgres(
                 RecordActivities.ensure_certificate,
                 EnsureCertificateInput(hostname=record.hostname, tenant_id=record.tenant_id),
             )
-            self._set_record(refreshed.record)
+            rows.set_record(self._state, refreshed.record)
 
     async def _expire_if_lapsed(self) -> None:
         record = self._record
@@ -146,7 +147,7 @@ class Renewing(CertificateBase):
         ):
             expired = await run(POSTGRES, RecordActivities.mark_expired, record.certificate_id)
             if expired.applied:
-                self._set_written(expired.row, record, status=CertificateStatus.EXPIRED)
+                rows.set_written(self._state, expired.row, record, status=CertificateStatus.EXPIRED)
                 if record.error_code in NOT_READY_CODES:
                     # It expired while the hostname no longer routed to us: departed.
                     self._state.departed_at = workflow.now()

@@ -20,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
         run,
     )
 
-from workflows import publish
+from workflows import publish, rows
 from workflows.base import CertificateBase
 
 
@@ -32,7 +32,7 @@ class Stopping(CertificateBase):
         record = self._record
         self._enter(Phase.CANCELING)
         open_order = await run(POSTGRES, RecordActivities.cancel_certificate, record.certificate_id)
-        record = self._set_written(
+        record = rows.set_written(self._state, 
             open_order.row,
             record,
             status=CertificateStatus.CANCELED,
@@ -56,7 +56,7 @@ class Stopping(CertificateBase):
                     await run(CA, AcmeActivities.revoke_certificate, record.certificate_id)
                 except ActivityError as err:
                     failure = failure_of(err)
-                    self._set_record(record.model_copy(
+                    rows.set_record(self._state, record.model_copy(
                         update={"error_code": failure.code, "error_message": failure.message}
                     ))
                     return await self._end(Phase.NOT_DELETED)

@@ -333,7 +333,7 @@ async def test_the_record_after_a_failure_is_the_row_as_stored(
 ) -> None:
     """The workflow takes the row record_failure returned (RETURNING) as its record,
     not a rebuild of its own: a CA's detail longer than the 2,000 characters the
-    row keeps is shown as stored. Shown red with ``_set_written`` ignoring the row
+    row keeps is shown as stored. Shown red with ``rows.set_written`` ignoring the row
     (the record rebuilt, as runs from before rows were returned do): the status
     showed all 3,000 characters."""
     detail = "the CA answered 503: " + "x" * 3000

@@ -128,7 +128,7 @@ async def test_the_dns_check_reads_the_row_again_after_a_wait(workflow_env: Work
     in the same workflow task (one statement fewer); after any wait it reads them
     itself, since a request or a transfer may have changed them: here a FAILED row
     read at the start, then ``retry``. Red when a read is taken as fresh for the
-    rest of the run (``_row_just_read`` true once the row was read)."""
+    rest of the run (``rows.just_read`` true once the row was read)."""
     fakes = Fakes(
         workflow_env,
         row=Row(status=CertificateStatus.FAILED, error_code=ErrorCode.ACME_INVALID_ORDER, retry_count=5),
