@@ -12,9 +12,10 @@ rate-limit cooldown.
 
 This file holds the loop and what the product and operators call (queries,
 signals, updates); each phase is a file of its own: ``obtain`` (one attempt),
-``failures`` (after a failed one), ``renew``, ``stop``; ``base`` what they share,
-``rows`` the row and its writes, ``publish`` what the product sees of a run, ``run_state`` the run's state in one
-record, ``patches`` the designs, every patch and bound.
+``failures`` (after a failed one), ``renew``, ``stop``; ``base`` what they
+share, ``rows`` the row and its writes, ``publish`` what the product sees of a
+run, ``run_state`` the run's state in one record, ``patches`` the designs,
+every patch and bound.
 """
 
 from __future__ import annotations
