@@ -112,7 +112,8 @@ class CertificateBase:
             GiveUpInput(certificate_id=record.certificate_id, status=status, code=code, message=message),
         )
         if given_up.applied:
-            rows.set_written(self._state, 
+            rows.set_written(
+                self._state,
                 given_up.row,
                 record,
                 status=status,

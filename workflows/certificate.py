@@ -104,7 +104,8 @@ class CertificateWorkflow(Obtaining, FailureHandling, Renewing, Stopping):
                         else Phase.DEPARTED
                     )
                 continue
-            rows.set_written(self._state, 
+            rows.set_written(
+                self._state,
                 issued.row,
                 self._record,
                 status=CertificateStatus.ACTIVE,

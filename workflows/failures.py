@@ -72,7 +72,8 @@ class FailureHandling(CertificateBase):
             ),
         )
         applied, keep = recorded.applied, outcome.keep_order
-        rows.set_written(self._state, 
+        rows.set_written(
+            self._state,
             recorded.row,
             record,
             status=outcome.status,

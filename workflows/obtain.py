@@ -171,7 +171,8 @@ class Obtaining(CertificateBase):
         # is its outcome; else they show the order before the wait.
         self._state.attributes_held = validated is not None and validated.status in ISSUABLE
         renewal = record.status in (CertificateStatus.RENEWING, CertificateStatus.EXPIRED)
-        record = rows.set_written(self._state, 
+        record = rows.set_written(
+            self._state,
             placed.row,
             record,
             order_url=placed.order_url,
@@ -269,7 +270,8 @@ class Obtaining(CertificateBase):
             )
         except ActivityError:
             try:
-                rows.set_record(self._state, 
+                rows.set_record(
+                    self._state,
                     await rows.postgres(RecordActivities.reload_record, order.certificate_id)
                 )
             except ActivityError:

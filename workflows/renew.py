@@ -125,7 +125,8 @@ class Renewing(CertificateBase):
         # RENEWING is shown only if the attempt waits or fails; a renewal the CA
         # grants at once shows ACTIVE next (one upsert).
         self._state.attributes_held = True
-        rows.set_written(self._state, 
+        rows.set_written(
+            self._state,
             renewing.row,
             record,
             status=CertificateStatus.RENEWING if renewing.applied else record.status,

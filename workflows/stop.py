@@ -32,7 +32,8 @@ class Stopping(CertificateBase):
         record = self._record
         self._enter(Phase.CANCELING)
         open_order = await run(POSTGRES, RecordActivities.cancel_certificate, record.certificate_id)
-        record = rows.set_written(self._state, 
+        record = rows.set_written(
+            self._state,
             open_order.row,
             record,
             status=CertificateStatus.CANCELED,
