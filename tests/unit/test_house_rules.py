@@ -131,3 +131,20 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
                 if target is not None and target > own:
                     upward.append(f"{module} ({LAYERS[own][0]}) -> {name} ({LAYERS[target][0]})")
     assert (upward, homeless) == ([], [])
+
+
+def test_every_stream_socket_names_tcp() -> None:
+    """A listener made with ``socket.socket(family, SOCK_STREAM)`` has proto 0, and
+    asyncio turns Nagle off only for sockets whose proto is IPPROTO_TCP: every
+    keep-alive answer after a connection's first then waits for a delayed ACK
+    (44 ms; found twice, in the fault proxy and in ``bind_listener``). Red with
+    IPPROTO_TCP taken out of certflow/edge/responder.py's socket."""
+    missing = []
+    for path in PRODUCT:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "socket.socket"):
+                continue
+            arguments = [ast.unparse(a) for a in node.args] + [ast.unparse(k.value) for k in node.keywords]
+            if "socket.SOCK_DGRAM" not in arguments and "socket.IPPROTO_TCP" not in arguments:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert missing == []
