@@ -84,10 +84,10 @@ old design"): a run of an older one continues as new in it at its next durable w
 (MIGRATE_AT_WAIT_PATCH), or at once on the ``migrate`` signal."""
 MIGRATE_AT_WAIT_PATCH = "migrate-at-wait"
 """A run of a design older than CURRENT_DESIGN (started by a client that asked for
-an older one) continues as new in the current
-design when it is about to start a wait the next run starts afresh from the row
-alone (the renewal wait, a DNS recheck, FAILED), instead of waiting; a run already
-in one (its wait started before this code) does so on the ``migrate`` signal
+an older one) continues as new in the current design when it is about to start
+a wait the next run starts afresh from the row alone (the renewal wait, a DNS
+recheck, FAILED), instead of waiting; a run already in one (its wait started
+before this code) does so on the ``migrate`` signal
 (``starter.py migrate-runs``). A CA's Retry-After, a failure's backoff and an
 order's poll are waited out first: they would be cut short. Runs of the current
 design never reach the patch: no marker. Branches in workflows/base.py
