@@ -615,7 +615,18 @@ class TemporalDevServer:
         for port in self._ports:
             _require_free("temporal", port)
         self._process.start()
-        self._process.wait_ready(lambda: all(_tcp_open(p) for p in self._ports), 60)
+        # The port opens before the frontend serves: a client connecting then is
+        # refused with "Frontend is not healthy yet" (seen once in CI).
+        self._process.wait_ready(lambda: all(_tcp_open(p) for p in self._ports) and self._serving(), 60)
+
+    def _serving(self) -> bool:
+        """The frontend's gRPC health check answers SERVING."""
+        argv = [self._process.argv[0], "operator", "cluster", "health", "--address", self.address]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0 and "SERVING" in done.stdout
 
 
 def start_temporal(
