@@ -206,6 +206,10 @@ class CertificateState(Frozen):
     """The CA of the current certificate."""
     order_issuer: str | None = None
     """The CA of the attempt under way (differs from ``issuer`` after a fallback)."""
+    design: int | None = None
+    """The workflow design the run follows (docs/changing-the-workflow.md, "Retiring an
+    old design"); None without a run, or from a worker of a release before it was
+    shown."""
     cooldowns: list[Cooldown] = []
     """The rate-limit cooldowns that hold it back (its own, its registered
     domain's, the account's), longest first."""

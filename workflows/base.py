@@ -204,7 +204,10 @@ class CertificateBase:
         record = self._state.current
         if record is None:
             return CertificateState(
-                hostname=self._state.hostname, status=CertificateStatus.PENDING, phase=self._state.phase
+                hostname=self._state.hostname,
+                status=CertificateStatus.PENDING,
+                phase=self._state.phase,
+                design=self._state.design,
             )
         return CertificateState(
             hostname=record.hostname,
@@ -217,4 +220,5 @@ class CertificateBase:
             expires_at=record.expires_at,
             issuer=record.issuer,
             order_issuer=record.order_issuer,
+            design=self._state.design,
         )

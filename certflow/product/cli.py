@@ -84,9 +84,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="also compare every row with every running workflow")
     command("rotate-keys", "re-encrypt stored keys with CERTFLOW_ENCRYPTION_KEY (workers keep running)")
     command("migrate", "apply database migrations")
-    command(
+    p = command(
         "migrate-runs",
         "bring every running certificate workflow to the current design (docs/changing-the-workflow.md)",
+    )
+    p.add_argument(
+        "--check", action="store_true",
+        help="signal nothing: count the runs by design (a status query each); exit 1 while any is older",
     )
     p = command(
         "codec-server",

@@ -301,3 +301,25 @@ async def test_migrate_runs_signals_each_running_certificate_of_its_task_queue(
     finally:
         for handle in handles:
             await handle.terminate("test over")
+
+
+async def test_migrate_runs_check_counts_the_runs_by_design(
+    deployment: Deployment, client: CertflowClient
+) -> None:
+    """``migrate-runs --check`` asks each running Certificate workflow of its task
+    queue for its status and counts the designs the answers name: every run
+    certflow started here is of the current design, so it exits 0 and signals
+    nothing. What it is for: before deploying a release that retires a design
+    (docs/changing-the-workflow.md). Red with ``design`` left out of the status
+    (every run counted unknown, exit 1)."""
+    hostname = deployment.hostname("designs")
+    await client.request([hostname])
+    await client.wait([hostname], timeout=60)
+    handle = client.temporal.get_workflow_handle(workflow_id_for(hostname))
+    events = len((await handle.fetch_history()).events)
+    result = _run(["starter.py", "migrate-runs", "--check"], _client_env(deployment))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "migrate-runs --check: design 4: " in result.stdout, result.stdout
+    assert result.stdout.rstrip().endswith("0 older than the current design 4"), result.stdout
+    # A query records nothing: the run's history is as it was.
+    assert len((await handle.fetch_history()).events) == events

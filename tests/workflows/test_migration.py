@@ -5,16 +5,18 @@ design when it is about to start a durable wait (MIGRATE_AT_WAIT_PATCH), and the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
+from certflow.contract import CERTIFICATE_DESIGN
 from certflow.models import Phase
 from workflows.patches import CURRENT_DESIGN, OLDEST_SUPPORTED_DESIGN
 
-from .fakes import Fakes, Run, dns_cname_error, fail_first, gap, started
+from .fakes import DEFAULT, Fakes, Run, dns_cname_error, fail_first, gap, started
 
 
 async def _runs(run: Run) -> list[dict[str, Any]]:
@@ -87,3 +89,29 @@ async def test_the_migrate_signal_changes_nothing_for_the_current_design(
         assert len(fakes.of("place_order")) == 1
         assert [r.get("design") for r in await _runs(run)] == [CURRENT_DESIGN]
         await run.cancel()
+
+
+async def test_the_status_names_the_design_the_run_follows(workflow_env: WorkflowEnvironment) -> None:
+    """``starter.py migrate-runs --check`` counts runs by it: a run of design 3 says
+    3 while its order is placed, and the run it continues as new after the
+    issuance says 4. Red with ``design`` left out of ``_view`` (None)."""
+    release = asyncio.Event()
+
+    async def held(_: int, __: object) -> object:
+        await release.wait()
+        return DEFAULT
+
+    fakes = Fakes(workflow_env, behaviours={"place_order": held})
+    async with started(workflow_env, fakes, design=OLDEST_SUPPORTED_DESIGN) as run:
+        await run.until_calls("place_order", 1)
+        assert (await run.state()).design == OLDEST_SUPPORTED_DESIGN
+        release.set()
+        await run.until_active()
+        assert (await run.state()).design == CURRENT_DESIGN
+        await run.cancel()
+
+
+def test_certflow_starts_the_current_design() -> None:
+    """The design certflow's starts ask for (and ``migrate-runs --check`` counts
+    against) is the one runs migrate to."""
+    assert CERTIFICATE_DESIGN == CURRENT_DESIGN
