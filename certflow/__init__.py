@@ -19,8 +19,8 @@ that runs them — in five layers, each importing only from the layers before it
    ``tracing``, ``schedules``), ``product/starts`` (how certflow starts a
    workflow) and ``edge/settings``;
 5. entry points: ``product/`` (``client``, ``CertflowClient``; ``cli`` and
-   ``commands``, the ``certflow`` command, with its ``tables``; ``domain_checks``;
-   ``codec_server``) and ``edge/process`` (``certflow edge``).
+   ``commands``, the ``certflow`` command, with its ``tables`` and ``runs``;
+   ``domain_checks``; ``codec_server``) and ``edge/process`` (``certflow edge``).
 
 What both sides share sits at the top (layers 1 and 2, and ``metrics``); each
 folder is one wing: ``acme/``, ``dns/``, ``store/`` and ``edge/`` the protocols,

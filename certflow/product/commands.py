@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import sys
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,7 +20,7 @@ from pydantic import BaseModel
 
 from certflow.product.client import CertflowClient
 from certflow.connect.connections import open_postgres
-from certflow.contract import CERTIFICATE_DESIGN, CERTIFICATE_WORKFLOW, workflow_id_for
+from certflow.contract import workflow_id_for
 from certflow.crypto import DecryptionError, EncryptionKey
 from certflow.errors import ConfigError, ServiceUnreachableError, ActionRejectedError
 from certflow.hostnames import InvalidHostnameError, InvalidTenantError, parse_host_port
@@ -321,57 +320,13 @@ async def edge_(args: argparse.Namespace) -> int:
     return await run_edge(settings)
 
 
-MIGRATE_CONCURRENCY = 20
-"""Signals in flight at once (a signal is one billable action and one history event)."""
-
-
 async def migrate_runs(args: argparse.Namespace) -> int:
-    """Signal ``migrate`` to every running Certificate workflow of the task queue: a
-    run of an older design continues as new in the current one at once (nothing
-    for the others); docs/changing-the-workflow.md, "Retiring an old design".
-    With ``--check``, signal nothing: count the runs by the design their ``status``
-    query names, and exit 1 while any is older than the current design."""
-    from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError
+    """Every running Certificate workflow of the task queue brought to the current
+    design, or with ``--check`` counted by design (certflow/product/runs.py)."""
+    from certflow.product.runs import check_designs, signal_migrate
 
     async with _client() as client:
-        query = (
-            f'WorkflowType="{CERTIFICATE_WORKFLOW}" AND ExecutionStatus="Running"'
-            f' AND TaskQueue="{client.task_queue}"'
-        )
-        ids = [execution.id async for execution in client.temporal.list_workflows(query)]
-        slots = asyncio.Semaphore(MIGRATE_CONCURRENCY)
-        ended: list[str] = []
-        designs: Counter[int | None] = Counter()
-
-        async def one(workflow_id: str) -> None:
-            async with slots:
-                handle = client.temporal.get_workflow_handle(workflow_id)
-                try:
-                    if args.check:
-                        state = await handle.query("status", result_type=CertificateState)
-                        designs[state.design] += 1
-                    else:
-                        await handle.signal("migrate")
-                except RPCError:
-                    ended.append(workflow_id)  # closed since it was listed
-                except WorkflowQueryFailedError:
-                    designs[None] += 1  # its worker cannot run it (a retired design)
-
-        await asyncio.gather(*(one(i) for i in ids))
-    if not args.check:
-        print(f"migrate-runs: {len(ids) - len(ended)} runs signaled ({len(ended)} ended meanwhile)")
-        return 0
-    # The design this release starts and migrates runs to (workflows/patches.py CURRENT_DESIGN).
-    older = sum(n for design, n in designs.items() if design is not None and design < CERTIFICATE_DESIGN)
-    counts = [f"design {d}: {n}" for d, n in sorted((d, n) for d, n in designs.items() if d is not None)]
-    if designs[None]:  # a worker of a release before the status named it, or none could answer
-        counts.append(f"design unknown: {designs[None]}")
-    print(
-        f"migrate-runs --check: {', '.join(counts) or 'no runs'} ({len(ended)} ended meanwhile);"
-        f" {older} older than the current design {CERTIFICATE_DESIGN}"
-    )
-    return 1 if older or designs[None] else 0
+        return await (check_designs(client) if args.check else signal_migrate(client))
 
 
 COMMANDS: dict[str, Command] = {
