@@ -1,19 +1,21 @@
-// Which certificate file nginx loads for a handshake (js_set $certflow_certificate):
-// the hostname's own file that `certflow edge --kind files` writes, else the file
-// of a wildcard one label up (*.shop.example.com for a.shop.example.com, never for
-// a.b.shop.example.com), else the default certificate. Run on every handshake;
-// at most two access() calls on the edge's directory (a tmpfs) before nginx
-// reads the file it names.
+// The certificate and key nginx uses for a handshake (js_set $certflow_certificate,
+// given to both ssl_certificate and ssl_certificate_key as data:): the contents of
+// the hostname's own file that `certflow edge --kind files` writes, else of the
+// file of a wildcard one label up (*.shop.example.com for a.shop.example.com, never
+// for a.b.shop.example.com), else of the default certificate. Run once per
+// handshake: nginx caches the variable for the connection, so the certificate and
+// the key come from one read. Naming the file for both directives made nginx open
+// it twice, and a renewal's rename in between paired the old certificate with the
+// new key (the handshake failed: "key values mismatch").
 var fs = require('fs');
 
 var NAME = /^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)+$/;
 
-function readable(path) {
+function contents(path) {
     try {
-        fs.accessSync(path, fs.constants.R_OK);
-        return true;
+        return fs.readFileSync(path, 'utf8');
     } catch (e) {
-        return false;
+        return null;
     }
 }
 
@@ -21,16 +23,16 @@ function certificate(r) {
     var dir = r.variables.certflow_dir;
     var name = (r.variables.ssl_server_name || '').toLowerCase().replace(/\.$/, '');
     if (name.length <= 253 && NAME.test(name)) {
-        var own = dir + '/' + name + '.pem';
-        if (readable(own)) {
+        var own = contents(dir + '/' + name + '.pem');
+        if (own !== null) {
             return own;
         }
-        var wildcard = dir + '/*' + name.slice(name.indexOf('.')) + '.pem';
-        if (readable(wildcard)) {
+        var wildcard = contents(dir + '/*' + name.slice(name.indexOf('.')) + '.pem');
+        if (wildcard !== null) {
             return wildcard;
         }
     }
-    return r.variables.certflow_default_certificate;
+    return contents(r.variables.certflow_default_certificate) || '';
 }
 
 export default {certificate};

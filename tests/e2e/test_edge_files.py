@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 from cryptography import x509
 
 from certflow.product.client import CertflowClient
+from certflow.edge.files import FileTarget
 from certflow.models import Phase
 from devstack import nginx as devnginx
 from devstack.pki import self_signed
@@ -137,8 +139,8 @@ async def test_each_name_gets_its_own_certificate_renewed_and_deleted_without_a_
     """Two hostnames issued by Pebble: each SNI gets its own stored serial, chain
     verifying to Pebble's root (A never B's); a renewal is served within 5 s with
     the same nginx master (no reload) while a client doing handshakes in a loop
-    through the swap sees none fail (the rename: nginx opens the old file or the
-    new one); a delete removes the file and the name gets
+    through the swap sees none fail (njs reads the old file or the new one, once
+    for the certificate and its key); a delete removes the file and the name gets
     the default certificate within 5 s. Red when the follower skips the push (shown:
     ``self._target.put`` commented out in ``EdgeFollower._apply``, the first
     handshake got the default certificate) or ignores the delete (shown:
@@ -279,3 +281,43 @@ async def test_killed_mid_push_the_edge_converges_on_restart(
     await _until(converged, 30, "converged after the restart")
     assert not (edge.directory / ".certflow-00000000deadbeef.tmp").exists()
     assert (await _served(edge, keep, deployment.pebble.root_pem())).serial_number == await _stored_serial(db, keep)
+
+
+async def test_a_file_replaced_under_a_flood_of_handshakes_never_fails_one() -> None:
+    """nginx loads a handshake's certificate and key from the one read njs makes
+    (``data:$certflow_certificate`` for both), so the file renamed between nginx's
+    certificate read and its key read cannot pair one certificate with another's
+    key. Here the files target replaces one name's file 4,000 times, alternating
+    two certificates with different keys, while a thread does full handshakes:
+    none fails, and both certificates are seen. Red with the shipped config
+    naming the file's path for ``ssl_certificate`` and ``ssl_certificate_key``
+    (two opens: TLSV1_ALERT_INTERNAL_ERROR, "key values mismatch" in nginx's log),
+    as it did until a CI run met it once in the renewal test above."""
+    workdir = Path(tempfile.mkdtemp(prefix="certflow-nginx-"))
+    workdir.chmod(0o711)  # nginx's workers (nobody, when run as root) pass through it
+    directory = workdir / "edge"
+    directory.mkdir()
+    owner = None
+    if os.geteuid() == 0:  # nginx's workers read what the target writes
+        import grp
+        import pwd
+
+        owner = (pwd.getpwnam(devnginx.WORKER_USER).pw_uid, grp.getgrnam(devnginx.WORKER_GROUP).gr_gid)
+        os.chown(directory, *owner)
+    target = FileTarget(directory, owner)
+    name = "swap.certflow.test"
+    bundles = [_self_signed(name) for _ in range(2)]
+    server = devnginx.start_nginx(
+        workdir / "nginx", edge_dir=directory, default_pem=DEFAULT_PEM + DEFAULT_KEY, responder="127.0.0.1:9"
+    )
+    try:
+        await target.put(name, bundles[0][1].decode(), bundles[0][2])
+        with HandshakeLoop(server.https_port, name) as loop:
+            for n in range(4000):
+                _, chain, key = bundles[n % 2 - 1]
+                await target.put(name, chain.decode(), key)
+        assert loop.failures == [], (loop.failures[:3], len(loop.failures), len(loop.serials))
+        assert {bundle[0].serial_number for bundle in bundles} <= set(loop.serials)
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
